@@ -1,0 +1,379 @@
+#include "kvpool/client.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "client/master_client.h"
+#include "client/tcp_transport.h"
+#include "common/net.h"
+#include "proto/error_codes.h"
+
+namespace kvpool {
+
+using client::TransferOp;
+
+namespace {
+
+absl::StatusOr<wire::Token> TokenFrom(const std::string& bytes) {
+  wire::Token token;
+  if (bytes.size() != token.size()) {
+    return absl::InternalError(absl::StrCat("master sent a ", bytes.size(), "-byte token"));
+  }
+  std::memcpy(token.data(), bytes.data(), token.size());
+  return token;
+}
+
+absl::Status CountMismatch(size_t got, size_t expected) {
+  return absl::InternalError(
+      absl::StrCat("master answered ", got, " results for ", expected, " keys"));
+}
+
+// The first `size` bytes of `parts`, as an iovec list.
+std::vector<iovec> Truncated(absl::Span<const MutableBuffer> parts, uint64_t size) {
+  std::vector<iovec> iov;
+  for (const MutableBuffer& part : parts) {
+    if (size == 0) break;
+    size_t take = std::min<uint64_t>(part.size, size);
+    if (take > 0) iov.push_back(iovec{part.data, take});
+    size -= take;
+  }
+  return iov;
+}
+
+}  // namespace
+
+struct Client::Impl {
+  explicit Impl(const ClientOptions& o)
+      : options(o),
+        master(o.master_address, o.rpc_timeout),
+        transport(std::make_unique<client::TcpTransport>(client::TcpTransportOptions{
+            .connections_per_endpoint = o.connections_per_segment})) {}
+
+  absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
+
+  // Step G2: reads the located objects `wanted` (indices into `located`) into their target
+  // buffers, trying the replicas in the master's order until one succeeds, and sets their
+  // results. `targets[i]` must hold located.results(i).size() bytes.
+  void ReadLocated(const v1::BatchGetReplicaListResponse& located, std::vector<size_t> wanted,
+                   const std::vector<std::vector<iovec>>& targets,
+                   std::vector<absl::StatusOr<uint64_t>>& results);
+
+  const ClientOptions options;
+  client::MasterClient master;
+  std::unique_ptr<client::Transport> transport;
+};
+
+void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
+                               std::vector<size_t> wanted,
+                               const std::vector<std::vector<iovec>>& targets,
+                               std::vector<absl::StatusOr<uint64_t>>& results) {
+  std::vector<int> next_replica(results.size(), 0);
+  std::vector<size_t> waiting = std::move(wanted);
+  absl::Time deadline = TransferDeadline();
+  while (!waiting.empty()) {
+    std::vector<TransferOp> ops;
+    std::vector<size_t> owners;
+    for (size_t i : waiting) {
+      const v1::GetResult& result = located.results(static_cast<int>(i));
+      const v1::Placement& replica = result.replicas(next_replica[i]++);
+      absl::StatusOr<wire::Token> token = TokenFrom(replica.token());
+      if (!token.ok() || replica.length() != result.size()) {
+        results[i] = token.ok() ? absl::InternalError("replica length differs from object size")
+                                : token.status();
+        continue;
+      }
+      ops.push_back(TransferOp{.opcode = wire::Opcode::kRead,
+                               .endpoint = replica.endpoint(),
+                               .offset = replica.offset(),
+                               .length = replica.length(),
+                               .token = *token,
+                               .iov = targets[i]});
+      owners.push_back(i);
+    }
+    transport->Execute(absl::MakeSpan(ops), deadline);
+    waiting.clear();
+    for (size_t k = 0; k < ops.size(); ++k) {
+      size_t i = owners[k];
+      const v1::GetResult& result = located.results(static_cast<int>(i));
+      if (ops[k].status.ok()) {
+        results[i] = result.size();
+      } else if (next_replica[i] < result.replicas_size() &&
+                 ops[k].status.code() != absl::StatusCode::kDeadlineExceeded) {
+        waiting.push_back(i);  // try the next replica
+      } else {
+        results[i] = ops[k].status;
+      }
+    }
+  }
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  if (absl::StatusOr<HostPort> address = ParseHostPort(options.master_address); !address.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master address: ", address.status().message()));
+  }
+  auto impl = std::make_unique<Impl>(options);
+  if (absl::Status ready = impl->master.WaitForMaster(options.connect_timeout); !ready.ok()) {
+    return ready;
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::Status Client::Put(absl::string_view key, absl::Span<const ConstBuffer> parts,
+                         const PutOptions& options) {
+  PutItem item{std::string(key), std::vector<ConstBuffer>(parts.begin(), parts.end())};
+  return BatchPut(absl::MakeConstSpan(&item, 1), options)[0];
+}
+
+absl::Status Client::Put(absl::string_view key, absl::string_view value, const PutOptions& options) {
+  ConstBuffer part{value.data(), value.size()};
+  return Put(key, absl::MakeConstSpan(&part, 1), options);
+}
+
+std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
+                                           const PutOptions& options) {
+  const size_t n = items.size();
+  std::vector<absl::Status> results(n);
+  if (n == 0) return results;
+
+  // Step P1: reserve space.
+  v1::BatchPutStartRequest start;
+  start.set_replica_num(options.replicas);
+  for (const PutItem& item : items) {
+    start.add_keys(item.key);
+    start.add_sizes(std::accumulate(item.parts.begin(), item.parts.end(), uint64_t{0},
+                                    [](uint64_t sum, const ConstBuffer& b) { return sum + b.size; }));
+  }
+  absl::StatusOr<v1::BatchPutStartResponse> reserved = impl_->master.BatchPutStart(start);
+  if (reserved.ok() && reserved->results_size() != static_cast<int>(n)) {
+    reserved = CountMismatch(reserved->results_size(), n);
+  }
+  if (!reserved.ok()) return std::vector<absl::Status>(n, reserved.status());
+
+  // Step P2: write every replica straight from the caller's buffers.
+  std::vector<TransferOp> ops;
+  std::vector<size_t> owners;
+  std::vector<bool> has_reservation(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
+    if (result.code() != v1::OK) {
+      results[i] = FromErrorCode(result.code(), result.message());
+      continue;
+    }
+    has_reservation[i] = true;
+    std::vector<iovec> iov;
+    for (const ConstBuffer& part : items[i].parts) {
+      if (part.size > 0) iov.push_back(iovec{const_cast<void*>(part.data), part.size});
+    }
+    if (result.placements().empty()) results[i] = absl::InternalError("master gave no placement");
+    for (const v1::Placement& placement : result.placements()) {
+      absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
+      if (!token.ok() || placement.length() != start.sizes(static_cast<int>(i))) {
+        results[i] = token.ok() ? absl::InternalError("placement length differs from value size")
+                                : token.status();
+        break;
+      }
+      ops.push_back(TransferOp{.opcode = wire::Opcode::kWrite,
+                               .endpoint = placement.endpoint(),
+                               .offset = placement.offset(),
+                               .length = placement.length(),
+                               .token = *token,
+                               .iov = iov});
+      owners.push_back(i);
+    }
+  }
+  impl_->transport->Execute(absl::MakeSpan(ops), impl_->TransferDeadline());
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (!ops[k].status.ok() && results[owners[k]].ok()) results[owners[k]] = ops[k].status;
+  }
+
+  // Step P3: commit what was written; revoke what was not, so its space is freed at once.
+  v1::BatchPutEndRequest end;
+  v1::BatchPutRevokeRequest revoke;
+  std::vector<size_t> committed;
+  for (size_t i = 0; i < n; ++i) {
+    if (!has_reservation[i]) continue;
+    v1::PutEndItem* item = results[i].ok() ? end.add_items() : revoke.add_items();
+    item->set_key(items[i].key);
+    item->set_put_id(reserved->results(static_cast<int>(i)).put_id());
+    if (results[i].ok()) committed.push_back(i);
+  }
+  if (!committed.empty()) {
+    absl::StatusOr<v1::BatchPutEndResponse> ended = impl_->master.BatchPutEnd(end);
+    if (ended.ok() && ended->results_size() != static_cast<int>(committed.size())) {
+      ended = CountMismatch(ended->results_size(), committed.size());
+    }
+    for (size_t k = 0; k < committed.size(); ++k) {
+      results[committed[k]] =
+          ended.ok() ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
+                                     ended->results(static_cast<int>(k)).message())
+                     : ended.status();
+    }
+  }
+  if (revoke.items_size() > 0) {
+    // Best effort: a reservation that is not revoked expires on the master by itself.
+    (void)impl_->master.BatchPutRevoke(revoke);
+  }
+  return results;
+}
+
+absl::StatusOr<uint64_t> Client::Get(absl::string_view key, absl::Span<const MutableBuffer> parts) {
+  GetItem item{std::string(key), std::vector<MutableBuffer>(parts.begin(), parts.end())};
+  return BatchGet(absl::MakeConstSpan(&item, 1))[0];
+}
+
+absl::StatusOr<std::string> Client::Get(absl::string_view key) {
+  v1::BatchGetReplicaListRequest request;
+  request.add_keys(std::string(key));
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      impl_->master.BatchGetReplicaList(request);
+  if (located.ok() && located->results_size() != 1) {
+    located = CountMismatch(located->results_size(), 1);
+  }
+  if (!located.ok()) return located.status();
+  const v1::GetResult& result = located->results(0);
+  if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
+  std::string value(result.size(), '\0');
+  std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
+  std::vector<absl::StatusOr<uint64_t>> results(1);
+  impl_->ReadLocated(*located, {0}, targets, results);
+  if (!results[0].ok()) return results[0].status();
+  return value;
+}
+
+std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem> items) {
+  const size_t n = items.size();
+  std::vector<absl::StatusOr<uint64_t>> results(n, uint64_t{0});
+  if (n == 0) return results;
+  // Step G1: where the replicas are.
+  v1::BatchGetReplicaListRequest request;
+  for (const GetItem& item : items) request.add_keys(item.key);
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      impl_->master.BatchGetReplicaList(request);
+  if (located.ok() && located->results_size() != static_cast<int>(n)) {
+    located = CountMismatch(located->results_size(), n);
+  }
+  if (!located.ok()) return std::vector<absl::StatusOr<uint64_t>>(n, located.status());
+
+  std::vector<std::vector<iovec>> targets(n);
+  std::vector<size_t> wanted;
+  for (size_t i = 0; i < n; ++i) {
+    const v1::GetResult& result = located->results(static_cast<int>(i));
+    if (result.code() != v1::OK) {
+      results[i] = FromErrorCode(result.code(), result.message());
+      continue;
+    }
+    if (result.replicas().empty()) {
+      results[i] = absl::InternalError("master gave no replica");
+      continue;
+    }
+    uint64_t capacity = 0;
+    for (const MutableBuffer& part : items[i].parts) capacity += part.size;
+    if (capacity < result.size()) {
+      results[i] = ErrorStatus(v1::BUFFER_OVERFLOW,
+                               absl::StrCat("buffers hold ", capacity, " bytes but the object has ",
+                                            result.size()));
+      continue;
+    }
+    targets[i] = Truncated(items[i].parts, result.size());
+    wanted.push_back(i);
+  }
+  impl_->ReadLocated(*located, std::move(wanted), targets, results);
+  return results;
+}
+
+absl::StatusOr<uint64_t> Client::Size(absl::string_view key) {
+  v1::BatchGetReplicaListRequest request;
+  request.add_keys(std::string(key));
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      impl_->master.BatchGetReplicaList(request);
+  if (!located.ok()) return located.status();
+  if (located->results_size() != 1) return CountMismatch(located->results_size(), 1);
+  const v1::GetResult& result = located->results(0);
+  if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
+  return result.size();
+}
+
+absl::StatusOr<bool> Client::Exists(absl::string_view key) {
+  std::string k(key);
+  return BatchExist(absl::MakeConstSpan(&k, 1))[0];
+}
+
+std::vector<absl::StatusOr<bool>> Client::BatchExist(absl::Span<const std::string> keys) {
+  v1::BatchExistRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  absl::StatusOr<v1::BatchExistResponse> response = impl_->master.BatchExist(request);
+  if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
+    response = CountMismatch(response->results_size(), keys.size());
+  }
+  if (!response.ok()) return std::vector<absl::StatusOr<bool>>(keys.size(), response.status());
+  std::vector<absl::StatusOr<bool>> results;
+  results.reserve(keys.size());
+  for (const v1::ExistResult& result : response->results()) {
+    if (result.code() == v1::OK) {
+      results.push_back(result.exists());
+    } else {
+      results.push_back(FromErrorCode(result.code(), ""));
+    }
+  }
+  return results;
+}
+
+absl::Status Client::Remove(absl::string_view key) {
+  std::string k(key);
+  return BatchRemove(absl::MakeConstSpan(&k, 1))[0];
+}
+
+std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys) {
+  v1::BatchRemoveRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  absl::StatusOr<v1::BatchRemoveResponse> response = impl_->master.BatchRemove(request);
+  if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
+    response = CountMismatch(response->results_size(), keys.size());
+  }
+  if (!response.ok()) return std::vector<absl::Status>(keys.size(), response.status());
+  std::vector<absl::Status> results;
+  results.reserve(keys.size());
+  for (const v1::KeyResult& result : response->results()) {
+    results.push_back(FromErrorCode(result.code(), result.message()));
+  }
+  return results;
+}
+
+absl::StatusOr<uint64_t> Client::RemoveAll() {
+  absl::StatusOr<v1::RemoveAllResponse> response =
+      impl_->master.RemoveAll(v1::RemoveAllRequest());
+  if (!response.ok()) return response.status();
+  return response->removed();
+}
+
+absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
+  absl::StatusOr<v1::GetClusterStatusResponse> response =
+      impl_->master.GetClusterStatus(v1::GetClusterStatusRequest());
+  if (!response.ok()) return response.status();
+  ClusterStatus status;
+  status.capacity_bytes = response->capacity_bytes();
+  status.used_bytes = response->used_bytes();
+  status.objects = response->objects();
+  status.pending_objects = response->pending_objects();
+  for (const v1::SegmentStatus& s : response->segments()) {
+    status.segments.push_back(SegmentStatus{
+        .name = s.name(),
+        .host = s.host(),
+        .endpoint = s.endpoint(),
+        .capacity_bytes = s.capacity_bytes(),
+        .used_bytes = s.used_bytes(),
+        .replicas = s.replicas(),
+        .state = s.state(),
+        .last_heartbeat_age = absl::Milliseconds(s.last_heartbeat_age_ms()),
+    });
+  }
+  return status;
+}
+
+}  // namespace kvpool

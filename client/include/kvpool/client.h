@@ -1,0 +1,144 @@
+#pragma once
+
+// kvpool's C++ client: stores and fetches KV-cache objects. It asks the master where a value
+// goes or lives, then moves the bytes straight between the caller's buffers and the segment.
+//
+// Values are gathered from, and scattered into, several caller buffers (a KV chunk is one
+// buffer per layer and K/V), with no staging copy. Every call has a deadline. The client
+// survives a master restart: calls fail with Unavailable while it is down and succeed again
+// once it is back.
+//
+// Thread-safe; share one Client per process.
+//
+// Errors per key (see ToErrorCode for the numeric, Mooncake-compatible codes):
+//   OK                  done.
+//   AlreadyExists       (put) the key is stored or being stored: nothing was written.
+//   ResourceExhausted   (put) no space even after eviction: back off (NO_AVAILABLE_HANDLE).
+//   NotFound            (get, remove) no committed object has the key.
+//   InvalidArgument     empty or too long key, size 0 or larger than any segment.
+//   OutOfRange          (get) the buffers are smaller than the object.
+//   Unavailable         the master or segment could not be reached (RPC_FAIL, TRANSFER_FAIL).
+//   DeadlineExceeded    the call ran past its deadline.
+//   PermissionDenied    a segment refused the request's capability token.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace kvpool {
+
+// Caller-owned memory; it must stay valid until the call that uses it returns.
+struct ConstBuffer {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+struct MutableBuffer {
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+struct ClientOptions {
+  // gRPC address of kvpool-master.
+  std::string master_address = "127.0.0.1:50051";
+  // Deadline of every call to the master.
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // Deadline for moving the bytes of one batch.
+  absl::Duration transfer_timeout = absl::Seconds(30);
+  // Create() waits this long for the master to answer.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Parallel data connections per segment within one batch.
+  int connections_per_segment = 2;
+};
+
+struct PutOptions {
+  // Copies on distinct segments (as many as have room, at least one).
+  uint32_t replicas = 1;
+};
+
+// One value to store: the concatenation of `parts`.
+struct PutItem {
+  std::string key;
+  std::vector<ConstBuffer> parts;
+};
+
+// One value to fetch, scattered over `parts` in order; they must hold at least its size.
+struct GetItem {
+  std::string key;
+  std::vector<MutableBuffer> parts;
+};
+
+struct SegmentStatus {
+  std::string name;
+  std::string host;
+  std::string endpoint;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t replicas = 0;
+  std::string state;
+  absl::Duration last_heartbeat_age;
+};
+
+struct ClusterStatus {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;
+  uint64_t pending_objects = 0;
+  std::vector<SegmentStatus> segments;
+};
+
+class Client {
+ public:
+  // Unavailable if the master does not answer within options.connect_timeout.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  absl::Status Put(absl::string_view key, absl::Span<const ConstBuffer> parts,
+                   const PutOptions& options = {});
+  absl::Status Put(absl::string_view key, absl::string_view value, const PutOptions& options = {});
+  // One status per item, in order.
+  std::vector<absl::Status> BatchPut(absl::Span<const PutItem> items,
+                                     const PutOptions& options = {});
+
+  // Returns the object's size in bytes.
+  absl::StatusOr<uint64_t> Get(absl::string_view key, absl::Span<const MutableBuffer> parts);
+  absl::StatusOr<std::string> Get(absl::string_view key);
+  // Bytes read per item, in order.
+  std::vector<absl::StatusOr<uint64_t>> BatchGet(absl::Span<const GetItem> items);
+
+  // Size of a committed object.
+  absl::StatusOr<uint64_t> Size(absl::string_view key);
+  absl::StatusOr<bool> Exists(absl::string_view key);
+  std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
+
+  absl::Status Remove(absl::string_view key);
+  std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys);
+  // Removes every committed object; returns how many.
+  absl::StatusOr<uint64_t> RemoveAll();
+
+  absl::StatusOr<ClusterStatus> GetClusterStatus();
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The Mooncake-compatible numeric code of a status from this client: 0 OK, -200
+// NO_AVAILABLE_HANDLE, -704 OBJECT_NOT_FOUND, -705 OBJECT_ALREADY_EXISTS, -800 TRANSFER_FAIL,
+// -900 RPC_FAIL, ... (docs/semantics.md lists them all). Defined with the wire codes.
+int32_t ToErrorCode(const absl::Status& status);
+
+// "NO_AVAILABLE_HANDLE" for -200.
+std::string ErrorCodeName(int32_t code);
+
+}  // namespace kvpool

@@ -1,0 +1,76 @@
+#include "client/master_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "proto/channel.h"
+#include "proto/error_codes.h"
+
+namespace kvpool::client {
+
+MasterClient::MasterClient(const std::string& address, absl::Duration rpc_timeout)
+    : address_(address),
+      rpc_timeout_(rpc_timeout),
+      stub_(v1::MasterService::NewStub(MakeMasterChannel(address))) {}
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> MasterClient::Call(Method<Request, Response> method,
+                                            const Request& request, absl::Duration timeout,
+                                            bool wait_for_ready) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context.set_wait_for_ready(wait_for_ready);
+  Response response;
+  grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::Status MasterClient::WaitForMaster(absl::Duration timeout) {
+  absl::StatusOr<v1::GetClusterStatusResponse> status = Call(
+      &v1::MasterService::Stub::GetClusterStatus, v1::GetClusterStatusRequest(), timeout, true);
+  if (status.ok()) return absl::OkStatus();
+  return WithErrorCode(absl::UnavailableError(absl::StrCat("no kvpool-master answered at ",
+                                                           address_, " within ", absl::FormatDuration(timeout), ": ",
+                                                           status.status().message())),
+                       v1::RPC_FAIL);
+}
+
+absl::StatusOr<v1::BatchPutStartResponse> MasterClient::BatchPutStart(
+    const v1::BatchPutStartRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchPutStart, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::BatchPutEndResponse> MasterClient::BatchPutEnd(
+    const v1::BatchPutEndRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchPutEnd, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::BatchPutRevokeResponse> MasterClient::BatchPutRevoke(
+    const v1::BatchPutRevokeRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchPutRevoke, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::BatchGetReplicaListResponse> MasterClient::BatchGetReplicaList(
+    const v1::BatchGetReplicaListRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchGetReplicaList, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::BatchExistResponse> MasterClient::BatchExist(
+    const v1::BatchExistRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchExist, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::BatchRemoveResponse> MasterClient::BatchRemove(
+    const v1::BatchRemoveRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchRemove, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::RemoveAllResponse> MasterClient::RemoveAll(const v1::RemoveAllRequest& request) {
+  return Call(&v1::MasterService::Stub::RemoveAll, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::GetClusterStatusResponse> MasterClient::GetClusterStatus(
+    const v1::GetClusterStatusRequest& request) {
+  return Call(&v1::MasterService::Stub::GetClusterStatus, request, rpc_timeout_);
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,49 @@
+#pragma once
+
+// The client's view of kvpool-master: one typed call per RPC, each with the deadline of
+// ClientOptions::rpc_timeout, failures converted to absl::Status (RPC_FAIL when the master
+// cannot be reached). Internal to kvpool_client. Thread-safe.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvpool/v1/master.grpc.pb.h"
+
+namespace kvpool::client {
+
+class MasterClient {
+ public:
+  MasterClient(const std::string& address, absl::Duration rpc_timeout);
+
+  // Waits up to `timeout` for the master to answer (Unavailable if it does not).
+  absl::Status WaitForMaster(absl::Duration timeout);
+
+  absl::StatusOr<v1::BatchPutStartResponse> BatchPutStart(const v1::BatchPutStartRequest& request);
+  absl::StatusOr<v1::BatchPutEndResponse> BatchPutEnd(const v1::BatchPutEndRequest& request);
+  absl::StatusOr<v1::BatchPutRevokeResponse> BatchPutRevoke(
+      const v1::BatchPutRevokeRequest& request);
+  absl::StatusOr<v1::BatchGetReplicaListResponse> BatchGetReplicaList(
+      const v1::BatchGetReplicaListRequest& request);
+  absl::StatusOr<v1::BatchExistResponse> BatchExist(const v1::BatchExistRequest& request);
+  absl::StatusOr<v1::BatchRemoveResponse> BatchRemove(const v1::BatchRemoveRequest& request);
+  absl::StatusOr<v1::RemoveAllResponse> RemoveAll(const v1::RemoveAllRequest& request);
+  absl::StatusOr<v1::GetClusterStatusResponse> GetClusterStatus(
+      const v1::GetClusterStatusRequest& request);
+
+ private:
+  template <typename Request, typename Response>
+  using Method = grpc::Status (v1::MasterService::Stub::*)(grpc::ClientContext*, const Request&,
+                                                           Response*);
+
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(Method<Request, Response> method, const Request& request,
+                                absl::Duration timeout, bool wait_for_ready = false);
+
+  const std::string address_;
+  const absl::Duration rpc_timeout_;
+  std::unique_ptr<v1::MasterService::Stub> stub_;
+};
+
+}  // namespace kvpool::client

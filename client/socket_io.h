@@ -1,0 +1,28 @@
+#pragma once
+
+// Blocking-with-deadline I/O on non-blocking TCP sockets: connect, and moving whole iovec
+// lists (scatter/gather straight to and from the caller's buffers).
+// Errors: DeadlineExceeded when the deadline passes, Unavailable for connection failures
+// (refused, reset, closed by the peer), both with the reason.
+
+#include <sys/uio.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace kvpool::client {
+
+// A connected socket with TCP_NODELAY and `buffer_bytes` socket buffers (0: default).
+absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Time deadline,
+                               int buffer_bytes);
+
+// Sends every byte of `iov` (the array is modified as it advances).
+absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline);
+
+// Fills every byte of `iov` (the array is modified as it advances).
+absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline);
+
+}  // namespace kvpool::client

@@ -1,0 +1,177 @@
+#include "client/tcp_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "client/socket_io.h"
+#include "common/net.h"
+#include "proto/error_codes.h"
+
+namespace kvpool::client {
+namespace {
+
+// A transfer failure of `endpoint`: keeps the canonical code (Unavailable, DeadlineExceeded)
+// and marks it TRANSFER_FAIL.
+absl::Status TransferError(const std::string& endpoint, const absl::Status& cause) {
+  return WithErrorCode(
+      absl::Status(cause.code(), absl::StrCat("segment ", endpoint, ": ", cause.message())),
+      v1::TRANSFER_FAIL);
+}
+
+void FailAll(absl::Span<TransferOp* const> ops, const absl::Status& status) {
+  for (TransferOp* op : ops) op->status = status;
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(TcpTransportOptions options)
+    : options_(options), tasks_(std::max(0, options.threads)) {}
+
+TcpTransport::~TcpTransport() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [endpoint, fds] : idle_) {
+    for (int fd : fds) close(fd);
+  }
+}
+
+void TcpTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
+  // Deal each segment's ops round-robin over its lanes; every lane runs in parallel.
+  absl::flat_hash_map<std::string, std::vector<TransferOp*>> by_endpoint;
+  for (TransferOp& op : ops) by_endpoint[op.endpoint].push_back(&op);
+  std::vector<std::pair<const std::string*, std::vector<TransferOp*>>> lanes;
+  for (const auto& [endpoint, endpoint_ops] : by_endpoint) {
+    size_t first = lanes.size();
+    size_t n = std::min<size_t>(std::max(1, options_.connections_per_endpoint), endpoint_ops.size());
+    for (size_t i = 0; i < n; ++i) lanes.push_back({&endpoint, {}});
+    for (size_t i = 0; i < endpoint_ops.size(); ++i) {
+      lanes[first + i % n].second.push_back(endpoint_ops[i]);
+    }
+  }
+  std::vector<std::function<void()>> tasks;
+  for (const auto& lane : lanes) {
+    tasks.push_back([this, &lane, deadline] { RunLane(*lane.first, lane.second, deadline); });
+  }
+  tasks_.Run(std::move(tasks));
+}
+
+void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops,
+                           absl::Time deadline) {
+  size_t done = 0;
+  bool retried = false;
+  while (done < ops.size()) {
+    absl::StatusOr<Lease> lease = Acquire(endpoint, deadline);
+    if (!lease.ok()) {
+      FailAll(ops.subspan(done), TransferError(endpoint, lease.status()));
+      return;
+    }
+    PipelineResult result = Pipeline(lease->fd, endpoint, ops.subspan(done), deadline);
+    done += result.answered;
+    if (result.io_error.ok() && result.in_step) {
+      Release(endpoint, lease->fd);
+      continue;
+    }
+    close(lease->fd);
+    if (result.io_error.ok()) continue;  // a rejection: go on with a fresh connection
+    // A pooled connection may have died while idle (the segment restarted): retry once.
+    if (lease->reused && result.answered == 0 && !retried &&
+        result.io_error.code() != absl::StatusCode::kDeadlineExceeded) {
+      retried = true;
+      continue;
+    }
+    FailAll(ops.subspan(done), TransferError(endpoint, result.io_error));
+    return;
+  }
+}
+
+TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& endpoint,
+                                                    absl::Span<TransferOp* const> ops,
+                                                    absl::Time deadline) {
+  PipelineResult result;
+  const size_t window = static_cast<size_t>(std::max(1, options_.pipeline_window));
+  std::vector<uint8_t> headers(window * wire::kRequestHeaderSize);
+  std::vector<iovec> iov;
+  size_t sent = 0;
+  while (result.answered < ops.size()) {
+    while (sent < ops.size() && sent - result.answered < window) {
+      TransferOp& op = *ops[sent];
+      uint8_t* header = &headers[(sent % window) * wire::kRequestHeaderSize];
+      wire::EncodeRequest({.opcode = op.opcode,
+                           .request_id = sent,
+                           .offset = op.offset,
+                           .length = op.length,
+                           .token = op.token},
+                          header);
+      iov.assign(1, iovec{header, wire::kRequestHeaderSize});
+      if (op.opcode == wire::Opcode::kWrite) iov.insert(iov.end(), op.iov.begin(), op.iov.end());
+      result.io_error = SendAll(fd, absl::MakeSpan(iov), deadline);
+      if (!result.io_error.ok()) return result;
+      ++sent;
+    }
+    TransferOp& op = *ops[result.answered];
+    uint8_t response[wire::kResponseHeaderSize];
+    iovec response_iov{response, sizeof(response)};
+    result.io_error = RecvAll(fd, absl::MakeSpan(&response_iov, 1), deadline);
+    if (!result.io_error.ok()) return result;
+    absl::StatusOr<wire::ResponseHeader> header = wire::DecodeResponse(response);
+    if (!header.ok() || header->request_id != result.answered) {
+      result.io_error = absl::UnavailableError(
+          header.ok() ? "response out of order" : std::string(header.status().message()));
+      return result;
+    }
+    if (header->status != 0) {
+      if (header->length > wire::kMaxErrorMessage) {
+        result.io_error = absl::UnavailableError("error reason longer than the protocol allows");
+        return result;
+      }
+      std::string reason(header->length, '\0');
+      iovec reason_iov{reason.data(), reason.size()};
+      (void)RecvAll(fd, absl::MakeSpan(&reason_iov, 1), deadline);
+      op.status = FromErrorCode(header->status, absl::StrCat("segment ", endpoint, ": ", reason));
+      ++result.answered;
+      result.in_step = false;
+      return result;
+    }
+    uint64_t expected = op.opcode == wire::Opcode::kRead ? op.length : 0;
+    if (header->length != expected) {
+      result.io_error = absl::UnavailableError(
+          absl::StrCat("segment answered ", header->length, " bytes, expected ", expected));
+      return result;
+    }
+    if (expected > 0) {
+      std::vector<iovec> target = op.iov;
+      result.io_error = RecvAll(fd, absl::MakeSpan(target), deadline);
+      if (!result.io_error.ok()) return result;
+    }
+    op.status = absl::OkStatus();
+    ++result.answered;
+  }
+  return result;
+}
+
+absl::StatusOr<TcpTransport::Lease> TcpTransport::Acquire(const std::string& endpoint,
+                                                          absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = idle_.find(endpoint);
+    if (it != idle_.end() && !it->second.empty()) {
+      int fd = it->second.back();
+      it->second.pop_back();
+      return Lease{fd, true};
+    }
+  }
+  absl::StatusOr<HostPort> address = ParseHostPort(endpoint);
+  if (!address.ok()) return address.status();
+  absl::StatusOr<int> fd =
+      ConnectTcp(address->host, address->port, deadline, options_.socket_buffer_bytes);
+  if (!fd.ok()) return fd.status();
+  return Lease{*fd, false};
+}
+
+void TcpTransport::Release(const std::string& endpoint, int fd) {
+  absl::MutexLock lock(&mu_);
+  idle_[endpoint].push_back(fd);
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,67 @@
+#pragma once
+
+// The TCP transport: frames of proto/frame.h over pooled connections to each segment.
+// A batch is spread over up to `connections_per_endpoint` connections per segment, all
+// segments at once; on each connection requests are pipelined (a window of requests in
+// flight). Payloads go straight between the caller's buffers and the socket. Thread-safe.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "client/transport.h"
+#include "common/task_pool.h"
+
+namespace kvpool::client {
+
+struct TcpTransportOptions {
+  int connections_per_endpoint = 2;
+  // Requests in flight per connection.
+  int pipeline_window = 64;
+  int socket_buffer_bytes = 4 << 20;
+  // Threads that drive connections in parallel (the caller's thread drives one more).
+  int threads = 3;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(TcpTransportOptions options);
+  ~TcpTransport() override;
+
+  void Execute(absl::Span<TransferOp> ops, absl::Time deadline) override;
+
+ private:
+  struct PipelineResult {
+    // Ops at the front of the list that got their answer (OK or a rejection).
+    size_t answered = 0;
+    // False once the segment rejected a request: it closes the connection after that.
+    bool in_step = true;
+    // The connection broke (reset, closed, timed out); the unanswered ops did not run.
+    absl::Status io_error;
+  };
+  struct Lease {
+    int fd = -1;
+    bool reused = false;
+  };
+
+  // Runs `ops` (all for `endpoint`), one connection at a time, in order.
+  void RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops,
+               absl::Time deadline);
+  // Sends ops in order, up to the window ahead of the answers, and reads the answers.
+  PipelineResult Pipeline(int fd, const std::string& endpoint, absl::Span<TransferOp* const> ops,
+                          absl::Time deadline);
+
+  absl::StatusOr<Lease> Acquire(const std::string& endpoint, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& endpoint, int fd) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const TcpTransportOptions options_;
+  TaskPool tasks_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::vector<int>> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvpool::client

@@ -1,0 +1,39 @@
+#pragma once
+
+// How the client moves bytes to and from segments (step P2 of a put, G2 of a get). One
+// implementation per transport: TCP now; shared memory and RDMA share this interface.
+
+#include <sys/uio.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/frame.h"
+
+namespace kvpool::client {
+
+// One range of one segment to write from, or read into, the caller's buffers.
+struct TransferOp {
+  wire::Opcode opcode = wire::Opcode::kRead;
+  std::string endpoint;  // the segment's data plane, "host:port"
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  wire::Token token{};
+  // Caller buffers, `length` bytes in all.
+  std::vector<iovec> iov;
+  // Set by Execute: OK, or why this op failed (with its ErrorCode).
+  absl::Status status;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Runs every op, in parallel where it can, and sets each op's status. Returns when all
+  // have finished or the deadline passed (those ops fail with DeadlineExceeded).
+  virtual void Execute(absl::Span<TransferOp> ops, absl::Time deadline) = 0;
+};
+
+}  // namespace kvpool::client

@@ -1,0 +1,28 @@
+#pragma once
+
+// Network addresses as "host:port" strings ("127.0.0.1:50051", "[::1]:50051", "node-3:0").
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace kvpool {
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+
+// InvalidArgument when there is no ":port", the port is not a number in 0..65535, or the
+// host is empty.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
+
+// Inverse of ParseHostPort; brackets IPv6 literals.
+std::string FormatHostPort(absl::string_view host, uint16_t port);
+
+// This machine's host name ("localhost" if it cannot be read).
+std::string LocalHostName();
+
+}  // namespace kvpool

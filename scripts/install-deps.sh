@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvpool needs, and only those that are missing.
+# Quiet and quick when everything is present; safe to run any number of times.
+#
+#   scripts/install-deps.sh          # what building and running a pool needs
+#   scripts/install-deps.sh --test   # plus what the test suite and benchmarks need
+set -euo pipefail
+
+build_packages=(
+  ca-certificates g++ cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libboost-dev libssl-dev libibverbs-dev prometheus-cpp-dev libxxhash-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-dev pybind11-dev
+)
+test_packages=(
+  python3-pytest python3-numpy python3-torch
+  redis-server procps
+)
+
+packages=("${build_packages[@]}")
+[ "${1:-}" = "--test" ] && packages+=("${test_packages[@]}")
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "install ok installed" ] || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+log=$(mktemp)
+if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  echo "install-deps: apt-get failed (full log: $log)" >&2
+  exit 1
+fi
+rm -f "$log"

@@ -1,0 +1,106 @@
+#include "server/common/http_server.h"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "server/common/listen.h"
+
+namespace kvpool {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr auto kConnectionDeadline = std::chrono::seconds(10);
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const absl::flat_hash_map<std::string, HttpServer::Handler>& handlers)
+      : stream_(std::move(socket)), handlers_(handlers) {}
+
+  void Run() {
+    stream_.expires_after(kConnectionDeadline);
+    http::async_read(stream_, buffer_, request_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (!ec) self->Respond();
+                     });
+  }
+
+ private:
+  void Respond() {
+    HttpResponse reply;
+    std::string target(request_.target());
+    std::string path = target.substr(0, target.find('?'));
+    auto it = handlers_.find(path);
+    if (request_.method() != http::verb::get && request_.method() != http::verb::head) {
+      reply = {405, "text/plain; charset=utf-8", "only GET is supported\n"};
+    } else if (it == handlers_.end()) {
+      reply = {404, "text/plain; charset=utf-8", absl::StrCat("no handler for ", path, "\n")};
+    } else {
+      reply = it->second();
+    }
+    response_.version(request_.version());
+    response_.result(static_cast<http::status>(reply.status));
+    response_.set(http::field::content_type, reply.content_type);
+    response_.keep_alive(false);
+    response_.body() = std::move(reply.body);
+    response_.prepare_payload();
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    });
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  http::request<http::string_body> request_;
+  http::response<http::string_body> response_;
+  const absl::flat_hash_map<std::string, HttpServer::Handler>& handlers_;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  absl::flat_hash_map<std::string, Handler> handlers;
+  std::thread thread;
+
+  void Accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      if (!ec) std::make_shared<Session>(std::move(socket), handlers)->Run();
+      Accept();
+    });
+  }
+};
+
+HttpServer::HttpServer() : impl_(std::make_unique<Impl>()) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::Handle(const std::string& path, Handler handler) {
+  impl_->handlers[path] = std::move(handler);
+}
+
+absl::StatusOr<uint16_t> HttpServer::Start(const std::string& address) {
+  absl::StatusOr<uint16_t> port = Listen(impl_->acceptor, address, "HTTP");
+  if (!port.ok()) return port.status();
+  impl_->Accept();
+  impl_->thread = std::thread([this] { impl_->io.run(); });
+  return port;
+}
+
+void HttpServer::Stop() {
+  if (!impl_->thread.joinable()) return;
+  impl_->io.stop();
+  impl_->thread.join();
+}
+
+}  // namespace kvpool

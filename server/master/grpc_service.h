@@ -1,0 +1,53 @@
+#pragma once
+
+// The master's gRPC service (callback API): converts protos to core types, calls Master,
+// converts back. No logic of its own, and nothing here blocks.
+
+#include "kvpool/v1/master.grpc.pb.h"
+#include "server/master/master.h"
+
+namespace kvpool::master {
+
+class MasterGrpcService final : public v1::MasterService::CallbackService {
+ public:
+  explicit MasterGrpcService(Master& master) : master_(master) {}
+
+  grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
+                                         const v1::MountSegmentRequest* request,
+                                         v1::MountSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* context,
+                                           const v1::UnmountSegmentRequest* request,
+                                           v1::UnmountSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* BatchPutStart(grpc::CallbackServerContext* context,
+                                          const v1::BatchPutStartRequest* request,
+                                          v1::BatchPutStartResponse* response) override;
+  grpc::ServerUnaryReactor* BatchPutEnd(grpc::CallbackServerContext* context,
+                                        const v1::BatchPutEndRequest* request,
+                                        v1::BatchPutEndResponse* response) override;
+  grpc::ServerUnaryReactor* BatchPutRevoke(grpc::CallbackServerContext* context,
+                                           const v1::BatchPutRevokeRequest* request,
+                                           v1::BatchPutRevokeResponse* response) override;
+  grpc::ServerUnaryReactor* BatchGetReplicaList(grpc::CallbackServerContext* context,
+                                                const v1::BatchGetReplicaListRequest* request,
+                                                v1::BatchGetReplicaListResponse* response) override;
+  grpc::ServerUnaryReactor* BatchExist(grpc::CallbackServerContext* context,
+                                       const v1::BatchExistRequest* request,
+                                       v1::BatchExistResponse* response) override;
+  grpc::ServerUnaryReactor* BatchRemove(grpc::CallbackServerContext* context,
+                                        const v1::BatchRemoveRequest* request,
+                                        v1::BatchRemoveResponse* response) override;
+  grpc::ServerUnaryReactor* RemoveAll(grpc::CallbackServerContext* context,
+                                      const v1::RemoveAllRequest* request,
+                                      v1::RemoveAllResponse* response) override;
+  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
+                                             const v1::GetClusterStatusRequest* request,
+                                             v1::GetClusterStatusResponse* response) override;
+
+ private:
+  Master& master_;
+};
+
+}  // namespace kvpool::master

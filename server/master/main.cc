@@ -1,0 +1,163 @@
+// kvpool-master: the control plane. Keeps the object index and the segment registry,
+// answers where values go and where they are, and (by default) runs an embedded segment, so
+// that one process is a working single-node pool.
+
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "absl/flags/flag.h"
+#include "common/flags.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "common/periodic_worker.h"
+#include "common/size.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/capability.h"
+#include "server/common/advertise.h"
+#include "server/common/http_server.h"
+#include "server/common/signals.h"
+#include "server/master/grpc_service.h"
+#include "server/master/master.h"
+#include "server/segment/data_server.h"
+#include "server/segment/memory_pool.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address (port 0: any free port)");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:9003", "HTTP address for /healthz (port 0: any)");
+ABSL_FLAG(kvpool::ByteSize, embedded_segment_size, kvpool::ByteSize{1ull << 30},
+          "Pool served by a segment inside the master (0: none; then segments must mount)");
+ABSL_FLAG(std::string, embedded_segment_listen, "127.0.0.1:0",
+          "Data-plane address of the embedded segment (port 0: any free port)");
+ABSL_FLAG(std::string, advertise_host, "",
+          "Host name clients dial for the embedded segment (default: its listen host, or this "
+          "machine's name when listening on a wildcard address)");
+ABSL_FLAG(bool, prefault, true, "Touch every page of the embedded pool at start");
+ABSL_FLAG(int, data_threads, 2, "Data-plane threads of the embedded segment");
+ABSL_FLAG(uint32_t, max_key_bytes, 4096, "Longest key accepted");
+ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(60),
+          "A reservation not committed (BatchPutEnd) within this time is reclaimed");
+ABSL_FLAG(absl::Duration, read_token_ttl, absl::Seconds(60),
+          "How long the read grant of a BatchGetReplicaList answer stays valid");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "Segment heartbeat interval");
+ABSL_FLAG(absl::Duration, segment_ttl, absl::Seconds(10),
+          "A segment silent for this long is declared dead and its replicas dropped");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "kvpool-master: %s\n", std::string(status.message()).c_str());
+  return 2;
+}
+
+// The segment that runs inside the master process.
+struct EmbeddedSegment {
+  std::unique_ptr<kvpool::segment::MemoryPool> pool;
+  std::unique_ptr<kvpool::segment::DataServer> server;
+  std::string endpoint;
+};
+
+absl::StatusOr<EmbeddedSegment> StartEmbeddedSegment(kvpool::master::Master& master,
+                                                     uint64_t size) {
+  std::string listen_address = absl::GetFlag(FLAGS_embedded_segment_listen);
+  absl::StatusOr<kvpool::HostPort> listen = kvpool::ParseHostPort(listen_address);
+  if (!listen.ok()) return listen.status();
+  EmbeddedSegment segment;
+  absl::StatusOr<std::unique_ptr<kvpool::segment::MemoryPool>> pool =
+      kvpool::segment::MemoryPool::Create(size, absl::GetFlag(FLAGS_prefault), "kvpool-embedded");
+  if (!pool.ok()) return pool.status();
+  segment.pool = std::move(*pool);
+  std::string secret = kvpool::wire::NewCapabilitySecret();
+  segment.server = std::make_unique<kvpool::segment::DataServer>(
+      *segment.pool, secret,
+      kvpool::segment::DataServerOptions{.threads = absl::GetFlag(FLAGS_data_threads)});
+  absl::StatusOr<uint16_t> port = segment.server->Start(listen_address);
+  if (!port.ok()) return port.status();
+  std::string host = kvpool::AdvertisedHost(listen->host, absl::GetFlag(FLAGS_advertise_host));
+  segment.endpoint = kvpool::FormatHostPort(host, *port);
+
+  kvpool::master::SegmentInfo info;
+  info.name = absl::StrCat("embedded@", segment.endpoint);
+  info.host = host;
+  info.endpoint = segment.endpoint;
+  info.size = size;
+  info.incarnation = 1;
+  info.token_secret = secret;
+  info.embedded = true;
+  absl::Status mounted = master.MountSegment(std::move(info));
+  if (!mounted.ok()) return mounted;
+  return segment;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvpool::BlockShutdownSignals();
+  absl::SetProgramUsageMessage("The kvpool control plane (and, by default, a single-node pool).");
+  kvpool::ParseFlags(argc, argv);
+
+  kvpool::master::MasterOptions options;
+  options.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
+  options.put_timeout = absl::GetFlag(FLAGS_put_timeout);
+  options.read_token_ttl = absl::GetFlag(FLAGS_read_token_ttl);
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.segment_ttl = absl::GetFlag(FLAGS_segment_ttl);
+  if (options.max_key_bytes == 0) return Fail(absl::InvalidArgumentError("--max-key-bytes is 0"));
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.segment_ttl <= options.heartbeat_interval) {
+    return Fail(absl::InvalidArgumentError(
+        "--segment-ttl must be longer than --heartbeat-interval, which must be above 0"));
+  }
+  kvpool::master::Master master(options);
+
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  absl::StatusOr<kvpool::HostPort> grpc_address = kvpool::ParseHostPort(listen);
+  if (!grpc_address.ok()) return Fail(grpc_address.status());
+
+  std::optional<EmbeddedSegment> embedded;
+  uint64_t embedded_size = absl::GetFlag(FLAGS_embedded_segment_size).bytes;
+  if (embedded_size > 0) {
+    absl::StatusOr<EmbeddedSegment> started = StartEmbeddedSegment(master, embedded_size);
+    if (!started.ok()) return Fail(started.status());
+    embedded = std::move(*started);
+  }
+
+  kvpool::master::MasterGrpcService service(master);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", listen)));
+  }
+
+  kvpool::HttpServer http;
+  http.Handle("/healthz", [] { return kvpool::HttpResponse{200, "text/plain", "ok\n"}; });
+  std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  absl::StatusOr<uint16_t> http_port = http.Start(http_listen);
+  if (!http_port.ok()) return Fail(http_port.status());
+
+  kvpool::PeriodicWorker segment_monitor("segment-monitor", options.heartbeat_interval,
+                                         [&master] { master.ExpireSegments(); });
+  segment_monitor.Start();
+
+  std::printf(
+      "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s\n",
+      kvpool::FormatHostPort(grpc_address->host, static_cast<uint16_t>(grpc_port)).c_str(),
+      kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host, *http_port).c_str(),
+      embedded ? embedded->endpoint.c_str() : "none",
+      absl::StrCat(embedded ? embedded_size : 0).c_str());
+  std::fflush(stdout);
+
+  int signal_number = kvpool::WaitForShutdownSignal();
+  KVPOOL_LOG(INFO) << "signal " << signal_number << "; stopping";
+  segment_monitor.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  http.Stop();
+  if (embedded) embedded->server->Stop();
+  return 0;
+}

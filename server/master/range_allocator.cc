@@ -1,0 +1,72 @@
+#include "server/master/range_allocator.h"
+
+#include "common/log.h"
+
+namespace kvpool::master {
+
+RangeAllocator::RangeAllocator(uint64_t capacity) : capacity_(capacity / kAlignment * kAlignment) {
+  absl::MutexLock lock(&mu_);
+  if (capacity_ > 0) InsertFreeLocked(0, capacity_);
+}
+
+std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size) {
+  KVPOOL_CHECK(size > 0);
+  if (size > capacity_) return std::nullopt;
+  uint64_t rounded = Rounded(size);
+  absl::MutexLock lock(&mu_);
+  auto fit = by_size_.lower_bound({rounded, 0});
+  if (fit == by_size_.end()) return std::nullopt;
+  auto [free_size, offset] = *fit;
+  EraseFreeLocked(by_offset_.find(offset));
+  if (free_size > rounded) InsertFreeLocked(offset + rounded, free_size - rounded);
+  used_ += rounded;
+  return offset;
+}
+
+void RangeAllocator::Free(uint64_t offset, uint64_t size) {
+  uint64_t rounded = Rounded(size);
+  absl::MutexLock lock(&mu_);
+  KVPOOL_CHECK(offset + rounded <= capacity_ && used_ >= rounded)
+      << "free of a range that was never allocated: " << offset << "+" << rounded;
+  used_ -= rounded;
+  uint64_t start = offset;
+  uint64_t end = offset + rounded;
+  auto next = by_offset_.lower_bound(offset);
+  KVPOOL_CHECK(next == by_offset_.end() || next->first >= end) << "double free at " << offset;
+  if (next != by_offset_.end() && next->first == end) {
+    end += next->second;
+    EraseFreeLocked(next);
+  }
+  auto prev = by_offset_.lower_bound(offset);
+  if (prev != by_offset_.begin()) {
+    --prev;
+    KVPOOL_CHECK(prev->first + prev->second <= start) << "double free at " << offset;
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      EraseFreeLocked(prev);
+    }
+  }
+  InsertFreeLocked(start, end - start);
+}
+
+uint64_t RangeAllocator::used() const {
+  absl::MutexLock lock(&mu_);
+  return used_;
+}
+
+uint64_t RangeAllocator::largest_free() const {
+  absl::MutexLock lock(&mu_);
+  return by_size_.empty() ? 0 : by_size_.rbegin()->first;
+}
+
+void RangeAllocator::InsertFreeLocked(uint64_t offset, uint64_t size) {
+  by_offset_.emplace(offset, size);
+  by_size_.emplace(size, offset);
+}
+
+void RangeAllocator::EraseFreeLocked(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  by_offset_.erase(it);
+}
+
+}  // namespace kvpool::master

@@ -1,0 +1,49 @@
+#pragma once
+
+// Hands out byte ranges of one segment's pool: best fit over a set of free ranges, with
+// neighbouring free ranges merged on release. Every range is aligned to kAlignment.
+// Thread-safe: the master allocates from many index shards at once.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvpool::master {
+
+class RangeAllocator {
+ public:
+  static constexpr uint64_t kAlignment = 64;
+
+  explicit RangeAllocator(uint64_t capacity);
+
+  // Offset of a free range of at least `size` bytes (rounded up to kAlignment), or nullopt
+  // when no free range is large enough. `size` must be above 0.
+  std::optional<uint64_t> Allocate(uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Returns a range from Allocate (same offset and size) to the free set.
+  void Free(uint64_t offset, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t used() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t largest_free() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  static uint64_t Rounded(uint64_t size) { return (size + kAlignment - 1) / kAlignment * kAlignment; }
+
+ private:
+  void InsertFreeLocked(uint64_t offset, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseFreeLocked(std::map<uint64_t, uint64_t>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t capacity_;
+  mutable absl::Mutex mu_;
+  // Free ranges by offset (offset -> size) and by (size, offset) for best fit.
+  std::map<uint64_t, uint64_t> by_offset_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, uint64_t>> by_size_ ABSL_GUARDED_BY(mu_);
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvpool::master

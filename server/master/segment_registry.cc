@@ -1,0 +1,115 @@
+#include "server/master/segment_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvpool::master {
+
+MountedSegment::MountedSegment(SegmentId id, SegmentInfo info, absl::Time now)
+    : id_(id),
+      info_(std::move(info)),
+      allocator_(info_.size),
+      last_heartbeat_ns_(absl::ToUnixNanos(now)) {}
+
+absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo info,
+                                                                    absl::Time now) {
+  if (info.name.empty()) return absl::InvalidArgumentError("segment name is empty");
+  if (info.endpoint.empty()) return absl::InvalidArgumentError("segment endpoint is empty");
+  if (info.token_secret.size() < 16) {
+    return absl::InvalidArgumentError("segment token secret is shorter than 16 bytes");
+  }
+  if (info.size < RangeAllocator::kAlignment) {
+    return absl::InvalidArgumentError(absl::StrCat("segment size ", info.size, " is too small"));
+  }
+  absl::MutexLock lock(&mu_);
+  MountResult result;
+  if (auto it = by_name_.find(info.name); it != by_name_.end()) {
+    std::shared_ptr<MountedSegment>& existing = by_id_[it->second];
+    if (existing->info().incarnation == info.incarnation) {
+      existing->Touch(now);
+      result.segment = existing;
+      result.already_mounted = true;
+      return result;
+    }
+    result.replaced = existing->id();
+    existing->MarkRemoved();
+    by_id_.erase(existing->id());
+    by_name_.erase(it);
+  }
+  SegmentId id = next_id_++;
+  auto segment = std::make_shared<MountedSegment>(id, std::move(info), now);
+  by_name_[segment->info().name] = id;
+  by_id_[id] = segment;
+  result.segment = std::move(segment);
+  return result;
+}
+
+absl::StatusOr<SegmentId> SegmentRegistry::Unmount(const std::string& name, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end() || by_id_[it->second]->info().incarnation != incarnation) {
+    return absl::NotFoundError(absl::StrCat("segment ", name, " is not mounted"));
+  }
+  SegmentId id = it->second;
+  by_id_[id]->MarkRemoved();
+  by_id_.erase(id);
+  by_name_.erase(it);
+  return id;
+}
+
+bool SegmentRegistry::Heartbeat(const std::string& name, uint64_t incarnation, absl::Time now) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return false;
+  const std::shared_ptr<MountedSegment>& segment = by_id_.at(it->second);
+  if (segment->info().incarnation != incarnation) return false;
+  segment->Touch(now);
+  return true;
+}
+
+std::vector<std::shared_ptr<MountedSegment>> SegmentRegistry::RemoveExpired(absl::Time now,
+                                                                            absl::Duration ttl) {
+  std::vector<std::shared_ptr<MountedSegment>> expired;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, segment] : by_id_) {
+    if (!segment->info().embedded && now - segment->last_heartbeat() > ttl) {
+      expired.push_back(segment);
+    }
+  }
+  for (const auto& segment : expired) {
+    segment->MarkRemoved();
+    by_id_.erase(segment->id());
+    by_name_.erase(segment->info().name);
+  }
+  return expired;
+}
+
+std::shared_ptr<MountedSegment> SegmentRegistry::Get(SegmentId id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<MountedSegment>> SegmentRegistry::List() const {
+  std::vector<std::shared_ptr<MountedSegment>> segments;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    segments.reserve(by_id_.size());
+    for (const auto& [id, segment] : by_id_) segments.push_back(segment);
+  }
+  std::sort(segments.begin(), segments.end(),
+            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  return segments;
+}
+
+uint64_t SegmentRegistry::LargestCapacity() const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t largest = 0;
+  for (const auto& [id, segment] : by_id_) {
+    largest = std::max(largest, segment->allocator().capacity());
+  }
+  return largest;
+}
+
+}  // namespace kvpool::master

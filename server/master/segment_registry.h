@@ -1,0 +1,110 @@
+#pragma once
+
+// The segments mounted on the master: who they are, where clients reach them, the secret
+// that signs their capability tokens, and the allocator of their pool. Thread-safe.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/master/range_allocator.h"
+
+namespace kvpool::master {
+
+// Never reused, so a replica that names a segment that went away can never resolve to
+// another segment that mounted later under the same name.
+using SegmentId = uint64_t;
+
+// What a segment tells the master about itself when it mounts.
+struct SegmentInfo {
+  std::string name;
+  std::string host;
+  std::string endpoint;  // data plane, "host:port"
+  uint64_t size = 0;
+  uint64_t incarnation = 0;
+  std::string token_secret;
+  // Runs inside the master process: never expires.
+  bool embedded = false;
+};
+
+class MountedSegment {
+ public:
+  MountedSegment(SegmentId id, SegmentInfo info, absl::Time now);
+
+  SegmentId id() const { return id_; }
+  const SegmentInfo& info() const { return info_; }
+  RangeAllocator& allocator() { return allocator_; }
+  const RangeAllocator& allocator() const { return allocator_; }
+
+  void Touch(absl::Time now) { last_heartbeat_ns_.store(absl::ToUnixNanos(now)); }
+  absl::Time last_heartbeat() const { return absl::FromUnixNanos(last_heartbeat_ns_.load()); }
+
+  // Set once the registry has let go of the segment (unmounted, expired, replaced). Its
+  // replicas are no longer served and are being dropped from the index.
+  // Replicas (committed or reserved) that live in this segment.
+  uint64_t replica_count() const { return replica_count_.load(std::memory_order_relaxed); }
+  void AddReplicas(int64_t delta) { replica_count_.fetch_add(delta, std::memory_order_relaxed); }
+
+  bool removed() const { return removed_.load(std::memory_order_acquire); }
+  void MarkRemoved() { removed_.store(true, std::memory_order_release); }
+
+ private:
+  const SegmentId id_;
+  const SegmentInfo info_;
+  RangeAllocator allocator_;
+  std::atomic<int64_t> last_heartbeat_ns_;
+  std::atomic<bool> removed_{false};
+  std::atomic<int64_t> replica_count_{0};
+};
+
+class SegmentRegistry {
+ public:
+  struct MountResult {
+    std::shared_ptr<MountedSegment> segment;
+    // True when this exact incarnation was already mounted (a retried mount).
+    bool already_mounted = false;
+    // The previous incarnation under the same name, now gone with its contents.
+    std::optional<SegmentId> replaced;
+  };
+
+  // InvalidArgument for an empty name, endpoint or secret, or a size of 0.
+  absl::StatusOr<MountResult> Mount(SegmentInfo info, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // NotFound unless `name` is mounted with `incarnation`. Returns the removed segment's id.
+  absl::StatusOr<SegmentId> Unmount(const std::string& name, uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // False when no segment `name` with `incarnation` is mounted.
+  bool Heartbeat(const std::string& name, uint64_t incarnation, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes the segments whose last heartbeat is older than `ttl` and returns them.
+  // Every way out of the registry marks the segment removed().
+  std::vector<std::shared_ptr<MountedSegment>> RemoveExpired(absl::Time now, absl::Duration ttl)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The segment with this id, or null if it is gone.
+  std::shared_ptr<MountedSegment> Get(SegmentId id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A snapshot of the mounted segments, in mount order.
+  std::vector<std::shared_ptr<MountedSegment>> List() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Largest pool of any mounted segment (0 if none).
+  uint64_t LargestCapacity() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  SegmentId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<SegmentId, std::shared_ptr<MountedSegment>> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, SegmentId> by_name_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvpool::master

@@ -1,0 +1,221 @@
+// The data plane against raw sockets: what a well-behaved client gets, and what happens to
+// frames that are malformed, out of range, unauthorized or cut short.
+
+#include "server/segment/data_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/capability.h"
+#include "proto/error_codes.h"
+#include "proto/frame.h"
+
+namespace kvpool::segment {
+namespace {
+
+constexpr uint64_t kPoolSize = 1 << 20;
+
+class DataServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pool_ = *MemoryPool::Create(kPoolSize, false, "test");
+    secret_ = wire::NewCapabilitySecret();
+    server_ = std::make_unique<DataServer>(*pool_, secret_, DataServerOptions{});
+    absl::StatusOr<uint16_t> port = server_->Start("127.0.0.1:0");
+    ASSERT_TRUE(port.ok()) << port.status();
+    port_ = *port;
+  }
+
+  int Connect() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    timeval timeout{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port_);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    return fd;
+  }
+
+  static void SendBytes(int fd, const void* data, size_t size) {
+    ASSERT_EQ(send(fd, data, size, MSG_NOSIGNAL), static_cast<ssize_t>(size));
+  }
+
+  // Reads exactly `size` bytes; false on EOF or timeout.
+  static bool RecvBytes(int fd, void* data, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+      ssize_t n = recv(fd, static_cast<char*>(data) + got, size - got, 0);
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  wire::RequestHeader Request(wire::Opcode opcode, uint64_t offset, uint64_t length,
+                              uint64_t id = 1) {
+    return {.opcode = opcode,
+            .request_id = id,
+            .offset = offset,
+            .length = length,
+            .token = wire::MintToken(secret_, opcode, offset, length, absl::Now() + absl::Minutes(1))};
+  }
+
+  void SendHeader(int fd, const wire::RequestHeader& header) {
+    uint8_t bytes[wire::kRequestHeaderSize];
+    wire::EncodeRequest(header, bytes);
+    SendBytes(fd, bytes, sizeof(bytes));
+  }
+
+  // Reads a response; for errors also the reason.
+  wire::ResponseHeader Response(int fd, std::string* reason = nullptr) {
+    uint8_t bytes[wire::kResponseHeaderSize];
+    EXPECT_TRUE(RecvBytes(fd, bytes, sizeof(bytes)));
+    wire::ResponseHeader header = *wire::DecodeResponse(bytes);
+    if (header.status != 0) {
+      std::string text(header.length, '\0');
+      EXPECT_TRUE(RecvBytes(fd, text.data(), text.size()));
+      if (reason) *reason = text;
+    }
+    return header;
+  }
+
+  static bool ClosedByPeer(int fd) {
+    char byte;
+    return recv(fd, &byte, 1, 0) == 0;
+  }
+
+  void ExpectStillServing() {
+    int fd = Connect();
+    SendHeader(fd, {.opcode = wire::Opcode::kPing, .request_id = 77});
+    wire::ResponseHeader pong = Response(fd);
+    EXPECT_EQ(pong.status, 0);
+    EXPECT_EQ(pong.request_id, 77u);
+    close(fd);
+  }
+
+  std::unique_ptr<MemoryPool> pool_;
+  std::string secret_;
+  std::unique_ptr<DataServer> server_;
+  uint16_t port_ = 0;
+};
+
+TEST_F(DataServerTest, WritesLandInThePoolAndReadsComeBackPipelined) {
+  int fd = Connect();
+  std::string payload(100000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 31 + 7);
+  SendHeader(fd, Request(wire::Opcode::kWrite, 4096, payload.size(), 1));
+  SendBytes(fd, payload.data(), payload.size());
+  // Two reads in flight before the first answer is read.
+  SendHeader(fd, Request(wire::Opcode::kRead, 4096, payload.size(), 2));
+  SendHeader(fd, Request(wire::Opcode::kRead, 4096 + 10, 20, 3));
+
+  wire::ResponseHeader written = Response(fd);
+  EXPECT_EQ(written.status, 0);
+  EXPECT_EQ(written.request_id, 1u);
+  EXPECT_EQ(std::memcmp(pool_->data() + 4096, payload.data(), payload.size()), 0);
+
+  wire::ResponseHeader read = Response(fd);
+  ASSERT_EQ(read.status, 0);
+  EXPECT_EQ(read.request_id, 2u);
+  ASSERT_EQ(read.length, payload.size());
+  std::string back(payload.size(), '\0');
+  ASSERT_TRUE(RecvBytes(fd, back.data(), back.size()));
+  EXPECT_EQ(back, payload);
+
+  wire::ResponseHeader slice = Response(fd);
+  ASSERT_EQ(slice.length, 20u);
+  std::string part(20, '\0');
+  ASSERT_TRUE(RecvBytes(fd, part.data(), part.size()));
+  EXPECT_EQ(part, payload.substr(10, 20));
+  close(fd);
+
+  DataServer::Stats stats = server_->stats();
+  EXPECT_EQ(stats.writes, 1u);
+  EXPECT_EQ(stats.reads, 2u);
+  EXPECT_EQ(stats.bytes_written, payload.size());
+  EXPECT_EQ(stats.bytes_read, payload.size() + 20);
+}
+
+TEST_F(DataServerTest, RangeOutsideThePoolIsRejectedAndTheConnectionClosed) {
+  for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{kPoolSize - 10, 11},
+                                {kPoolSize + 1, 0},
+                                {1, UINT64_MAX}}) {
+    int fd = Connect();
+    SendHeader(fd, Request(wire::Opcode::kWrite, offset, length));
+    std::string reason;
+    wire::ResponseHeader response = Response(fd, &reason);
+    EXPECT_EQ(response.status, v1::INVALID_WRITE);
+    EXPECT_NE(reason.find("outside the pool"), std::string::npos) << reason;
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+  }
+  std::vector<uint8_t> untouched(kPoolSize, 0);
+  EXPECT_EQ(std::memcmp(pool_->data(), untouched.data(), kPoolSize), 0);
+  EXPECT_EQ(server_->stats().rejected, 3u);
+  ExpectStillServing();
+}
+
+TEST_F(DataServerTest, RequestsWithoutAValidTokenAreRefused) {
+  wire::RequestHeader forged = Request(wire::Opcode::kRead, 0, 64);
+  forged.length = 128;  // token was minted for 64 bytes
+  wire::RequestHeader wrong_op = Request(wire::Opcode::kRead, 0, 64);
+  wrong_op.opcode = wire::Opcode::kWrite;
+  wire::RequestHeader expired = Request(wire::Opcode::kRead, 0, 64);
+  expired.token = wire::MintToken(secret_, wire::Opcode::kRead, 0, 64, absl::Now() - absl::Seconds(1));
+  wire::RequestHeader none = Request(wire::Opcode::kRead, 0, 64);
+  none.token = {};
+  for (const wire::RequestHeader& request : {forged, wrong_op, expired, none}) {
+    int fd = Connect();
+    SendHeader(fd, request);
+    std::string reason;
+    EXPECT_EQ(Response(fd, &reason).status, v1::PERMISSION_DENIED);
+    EXPECT_NE(reason.find("token"), std::string::npos);
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+  }
+  ExpectStillServing();
+}
+
+TEST_F(DataServerTest, MalformedHeaderGetsAReasonAndACloseOthersKeepWorking) {
+  int bystander = Connect();
+  int fd = Connect();
+  uint8_t garbage[wire::kRequestHeaderSize];
+  std::memset(garbage, 0xAB, sizeof(garbage));
+  SendBytes(fd, garbage, sizeof(garbage));
+  std::string reason;
+  EXPECT_EQ(Response(fd, &reason).status, v1::INVALID_PARAMS);
+  EXPECT_NE(reason.find("magic"), std::string::npos) << reason;
+  EXPECT_TRUE(ClosedByPeer(fd));
+  close(fd);
+
+  SendHeader(bystander, {.opcode = wire::Opcode::kPing, .request_id = 5});
+  EXPECT_EQ(Response(bystander).request_id, 5u);
+  close(bystander);
+}
+
+TEST_F(DataServerTest, TruncatedHeaderOrPayloadLeavesTheServerServing) {
+  int fd = Connect();
+  uint8_t header[wire::kRequestHeaderSize];
+  wire::EncodeRequest(Request(wire::Opcode::kRead, 0, 8), header);
+  SendBytes(fd, header, 20);  // then vanish
+  close(fd);
+
+  fd = Connect();
+  SendHeader(fd, Request(wire::Opcode::kWrite, 0, 1000));
+  SendBytes(fd, "partial", 7);  // a client that dies mid-put
+  close(fd);
+
+  ExpectStillServing();
+}
+
+}  // namespace
+}  // namespace kvpool::segment

@@ -1,0 +1,65 @@
+#pragma once
+
+// Keeps a segment mounted on the master: mounts (retrying until the master answers), then
+// heartbeats at the interval the master asks for, and mounts again whenever the master says
+// it does not know the segment (it restarted, or declared the segment dead). Unmounts on
+// Stop(). Owns one background thread. Thread-safe.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvpool::segment {
+
+struct MasterLinkOptions {
+  std::string master_address;  // "host:port"
+  std::string name;
+  std::string host;
+  std::string endpoint;  // data plane, as clients should dial it
+  uint64_t size = 0;
+  uint64_t incarnation = 0;
+  std::string token_secret;
+  absl::Duration rpc_timeout = absl::Seconds(3);
+  absl::Duration retry_interval = absl::Milliseconds(500);
+};
+
+class MasterLink {
+ public:
+  explicit MasterLink(MasterLinkOptions options);
+  ~MasterLink();
+  MasterLink(const MasterLink&) = delete;
+  MasterLink& operator=(const MasterLink&) = delete;
+
+  void Start();
+  // Stops heartbeating and, if mounted, unmounts (best effort, within rpc_timeout).
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool mounted() const { return mounted_.load(); }
+  // Number of successful mounts so far (re-mounts after a master restart included).
+  uint64_t mount_count() const { return mount_count_.load(); }
+
+ private:
+  struct Rpc;
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Mount();
+  absl::Status Heartbeat();
+  void Unmount();
+
+  const MasterLinkOptions options_;
+  std::unique_ptr<Rpc> rpc_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> mounted_{false};
+  std::atomic<uint64_t> mount_count_{0};
+  absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  std::thread thread_;
+};
+
+}  // namespace kvpool::segment
