@@ -1,0 +1,52 @@
+#include "tests/harness/cluster.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvpool::testing {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(20);
+
+std::string MasterBinary() { return KVPOOL_MASTER_BIN; }
+std::string SegmentBinary() { return KVPOOL_SEGMENT_BIN; }
+std::string CtlBinary() { return KVPOOL_CTL_BIN; }
+
+absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_args,
+                                          const std::string& listen) {
+  std::vector<std::string> args = {"--listen=" + listen, "--http-listen=127.0.0.1:0",
+                                   "--embedded-segment-listen=127.0.0.1:0", "--prefault=false"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(MasterBinary(), args);
+  if (!process.ok()) return process.status();
+  absl::StatusOr<std::string> line = (*process)->WaitForLine("kvpool-master listening", kStartTimeout);
+  if (!line.ok()) return line.status();
+  MasterProcess master;
+  master.process = std::move(*process);
+  master.grpc = Field(*line, "grpc");
+  master.http = Field(*line, "http");
+  master.embedded_segment = Field(*line, "embedded_segment");
+  return master;
+}
+
+absl::StatusOr<SegmentProcess> StartSegment(const std::string& master, const std::string& size,
+                                            const std::vector<std::string>& extra_args) {
+  std::vector<std::string> args = {"--master=" + master, "--size=" + size,
+                                   "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
+                                   "--prefault=false"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(SegmentBinary(), args);
+  if (!process.ok()) return process.status();
+  absl::StatusOr<std::string> line =
+      (*process)->WaitForLine("kvpool-segment listening", kStartTimeout);
+  if (!line.ok()) return line.status();
+  SegmentProcess segment;
+  segment.name = Field(*line, "name");
+  segment.data = Field(*line, "data");
+  segment.http = Field(*line, "http");
+  absl::StatusOr<std::string> mounted =
+      (*process)->WaitForLine("kvpool-segment mounted", kStartTimeout);
+  if (!mounted.ok()) return mounted.status();
+  segment.process = std::move(*process);
+  return segment;
+}
+
+}  // namespace kvpool::testing

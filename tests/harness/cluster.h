@@ -1,0 +1,43 @@
+#pragma once
+
+// Real kvpool processes for integration tests, on free loopback ports (port 0), started and
+// waited for by their readiness lines, never by sleeping. Everything stops with its owner.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/harness/process.h"
+
+namespace kvpool::testing {
+
+// Paths of the binaries under test (set by CMake).
+std::string MasterBinary();
+std::string SegmentBinary();
+std::string CtlBinary();
+
+struct MasterProcess {
+  std::unique_ptr<Process> process;
+  std::string grpc;              // "127.0.0.1:PORT"
+  std::string http;              // "127.0.0.1:PORT"
+  std::string embedded_segment;  // data endpoint, or "none"
+};
+
+// Starts kvpool-master on free ports with `extra_args` (e.g. "--embedded-segment-size=0").
+// Pass `listen` to reuse a known gRPC address (restarting a master in place).
+absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_args,
+                                          const std::string& listen = "127.0.0.1:0");
+
+struct SegmentProcess {
+  std::unique_ptr<Process> process;
+  std::string name;
+  std::string data;  // data-plane endpoint
+  std::string http;
+};
+
+// Starts kvpool-segment with a pool of `size` ("64MiB") and waits until it is mounted.
+absl::StatusOr<SegmentProcess> StartSegment(const std::string& master, const std::string& size,
+                                            const std::vector<std::string>& extra_args = {});
+
+}  // namespace kvpool::testing

@@ -1,0 +1,122 @@
+#include "tests/harness/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+extern char** environ;
+
+namespace kvpool::testing {
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& binary,
+                                                        const std::vector<std::string>& args) {
+  struct stat info;
+  if (stat(binary.c_str(), &info) != 0) return absl::NotFoundError(absl::StrCat("no ", binary));
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(binary.c_str()));
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[1]);
+  if (rc != 0) {
+    close(pipe_fds[0]);
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
+  }
+  return std::unique_ptr<Process>(new Process(pid, pipe_fds[0]));
+}
+
+Process::Process(pid_t pid, int stdout_fd) : pid_(pid), stdout_fd_(stdout_fd) {
+  reader_ = std::thread([this] { ReadLines(); });
+}
+
+Process::~Process() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    Wait();
+  }
+  reader_.join();
+  close(stdout_fd_);
+}
+
+void Process::ReadLines() {
+  std::string pending;
+  char buffer[4096];
+  while (true) {
+    ssize_t n = read(stdout_fd_, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buffer, static_cast<size_t>(n));
+    size_t end;
+    while ((end = pending.find('\n')) != std::string::npos) {
+      absl::MutexLock lock(&mu_);
+      lines_.push_back(pending.substr(0, end));
+      pending.erase(0, end + 1);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    for (auto it = lines_.begin(); it != lines_.end(); ++it) {
+      if (absl::StartsWith(*it, prefix)) {
+        std::string line = *it;
+        lines_.erase(lines_.begin(), it + 1);
+        return line;
+      }
+    }
+    if (closed_) {
+      return absl::UnavailableError(absl::StrCat("process ", pid_, " exited before printing \"",
+                                                 prefix, "\""));
+    }
+    // Nothing matched: drop what was seen and wait for more output.
+    lines_.clear();
+    auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !lines_.empty(); };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&more), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no line \"", prefix, "\" within ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+void Process::Signal(int signal_number) { kill(pid_, signal_number); }
+
+int Process::Wait() {
+  if (!reaped_) {
+    while (waitpid(pid_, &wait_status_, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+  }
+  return wait_status_;
+}
+
+std::string Field(absl::string_view line, absl::string_view key) {
+  for (absl::string_view word : absl::StrSplit(line, ' ')) {
+    if (absl::StartsWith(word, key) && word.size() > key.size() && word[key.size()] == '=') {
+      return std::string(word.substr(key.size() + 1));
+    }
+  }
+  return "";
+}
+
+}  // namespace kvpool::testing

@@ -1,0 +1,248 @@
+// A pool of real processes on loopback: kvpool-master with two kvpool-segment daemons, driven
+// through the C++ client. Checks contents byte for byte.
+
+#include <signal.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/tcp_transport.h"
+#include "gtest/gtest.h"
+#include "kvpool/client.h"
+#include "kvpool/v1/master.grpc.pb.h"
+#include "proto/channel.h"
+#include "proto/error_codes.h"
+#include "tests/harness/cluster.h"
+
+namespace kvpool {
+namespace {
+
+using testing::MasterProcess;
+using testing::SegmentProcess;
+
+std::string RandomBytes(size_t size, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string bytes(size, '\0');
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t word = rng();
+    std::memcpy(&bytes[i], &word, 8);
+  }
+  for (; i < size; ++i) bytes[i] = static_cast<char>(rng());
+  return bytes;
+}
+
+// Cuts [0, size) into `parts` pieces of uneven sizes (some may be empty).
+std::vector<size_t> Cuts(size_t size, int parts, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<size_t> cuts = {0, size};
+  for (int i = 1; i < parts; ++i) cuts.push_back(size == 0 ? 0 : rng() % size);
+  std::sort(cuts.begin(), cuts.end());
+  return cuts;
+}
+
+std::unique_ptr<Client> Connect(const std::string& master) {
+  ClientOptions options;
+  options.master_address = master;
+  options.rpc_timeout = absl::Seconds(3);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+class PoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+    ASSERT_TRUE(master.ok()) << master.status();
+    master_ = std::move(*master);
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master_.grpc, "160MiB");
+      ASSERT_TRUE(segment.ok()) << segment.status();
+      segments_.push_back(std::move(*segment));
+    }
+    client_ = Connect(master_.grpc);
+    ASSERT_NE(client_, nullptr);
+  }
+
+  // Puts `value` gathered from `parts` buffers; reads it back scattered over a different cut.
+  void RoundTrip(const std::string& key, const std::string& value, int parts) {
+    std::vector<size_t> in = Cuts(value.size(), parts, static_cast<uint32_t>(value.size()));
+    std::vector<ConstBuffer> gather;
+    for (size_t i = 0; i + 1 < in.size(); ++i) {
+      gather.push_back({value.data() + in[i], in[i + 1] - in[i]});
+    }
+    ASSERT_TRUE(client_->Put(key, gather).ok()) << key;
+
+    std::string back(value.size() + 17, '\xEE');  // room to spare: must stay untouched
+    std::vector<size_t> out = Cuts(back.size(), parts + 1, static_cast<uint32_t>(value.size() + 1));
+    std::vector<MutableBuffer> scatter;
+    for (size_t i = 0; i + 1 < out.size(); ++i) {
+      scatter.push_back({back.data() + out[i], out[i + 1] - out[i]});
+    }
+    absl::StatusOr<uint64_t> read = client_->Get(key, scatter);
+    ASSERT_TRUE(read.ok()) << key << ": " << read.status();
+    EXPECT_EQ(*read, value.size());
+    EXPECT_TRUE(back.compare(0, value.size(), value) == 0) << key << " came back different";
+    EXPECT_EQ(back.substr(value.size()), std::string(17, '\xEE')) << "wrote past the object";
+  }
+
+  MasterProcess master_;
+  std::vector<SegmentProcess> segments_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(PoolTest, ValuesFromOneByteTo64MiBRoundTripAcrossTwoSegments) {
+  const std::vector<size_t> sizes = {1,       7,       4096,     65537,    (1 << 20) + 3,
+                                     4 << 20, 16 << 20, 33 << 20, 64 << 20};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    RoundTrip("size-" + std::to_string(sizes[i]), RandomBytes(sizes[i], i), 1 + i % 5);
+  }
+  absl::StatusOr<ClusterStatus> status = client_->GetClusterStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->objects, sizes.size());
+  ASSERT_EQ(status->segments.size(), 2u);
+  for (const SegmentStatus& segment : status->segments) {
+    EXPECT_GT(segment.used_bytes, 0u) << segment.name << " holds nothing: placement is lopsided";
+  }
+  // Everything is still there, byte for byte, after all the other writes.
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    absl::StatusOr<std::string> value = client_->Get("size-" + std::to_string(sizes[i]));
+    ASSERT_TRUE(value.ok());
+    EXPECT_TRUE(*value == RandomBytes(sizes[i], i));
+  }
+}
+
+TEST_F(PoolTest, BatchesOfManyKeysExistAndRemove) {
+  constexpr int kKeys = 100;
+  std::vector<std::string> values;
+  std::vector<PutItem> puts;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) {
+    values.push_back(RandomBytes(64 << 10, 1000 + i));
+    keys.push_back("model@tp_rank:0@pcp0@dcp0@pp_rank:0@" + std::to_string(i));
+  }
+  for (int i = 0; i < kKeys; ++i) {
+    // Two halves, as a K and a V buffer would be.
+    puts.push_back({keys[i], {{values[i].data(), 32 << 10}, {values[i].data() + (32 << 10), 32 << 10}}});
+  }
+  for (const absl::Status& status : client_->BatchPut(puts)) ASSERT_TRUE(status.ok()) << status;
+
+  std::vector<std::string> back(kKeys, std::string(64 << 10, '\0'));
+  std::vector<GetItem> gets;
+  for (int i = 0; i < kKeys; ++i) gets.push_back({keys[i], {{back[i].data(), back[i].size()}}});
+  std::vector<absl::StatusOr<uint64_t>> read = client_->BatchGet(gets);
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_TRUE(read[i].ok()) << read[i].status();
+    EXPECT_EQ(back[i], values[i]) << keys[i];
+  }
+
+  std::vector<std::string> removed(keys.begin(), keys.begin() + kKeys / 2);
+  for (const absl::Status& status : client_->BatchRemove(removed)) EXPECT_TRUE(status.ok());
+  std::vector<absl::StatusOr<bool>> exists = client_->BatchExist(keys);
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_TRUE(exists[i].ok());
+    EXPECT_EQ(*exists[i], i >= kKeys / 2) << keys[i];
+  }
+  EXPECT_EQ(ToErrorCode(client_->Remove(keys[0])), v1::OBJECT_NOT_FOUND);
+  EXPECT_EQ(*client_->RemoveAll(), static_cast<uint64_t>(kKeys / 2));
+  EXPECT_EQ(client_->GetClusterStatus()->used_bytes, 0u);
+}
+
+TEST_F(PoolTest, MissingKeysAreNotFound) {
+  absl::StatusOr<std::string> value = client_->Get("never-stored");
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ToErrorCode(value.status()), v1::OBJECT_NOT_FOUND);
+  EXPECT_EQ(ToErrorCode(client_->Size("never-stored").status()), -704);
+  EXPECT_FALSE(*client_->Exists("never-stored"));
+}
+
+TEST_F(PoolTest, SecondPutOfAKeyIsAlreadyExistsAndChangesNothing) {
+  ASSERT_TRUE(client_->Put("dup", "first").ok());
+  absl::Status again = client_->Put("dup", "other");
+  EXPECT_EQ(ToErrorCode(again), v1::OBJECT_ALREADY_EXISTS);
+  EXPECT_EQ(*client_->Get("dup"), "first");
+}
+
+TEST_F(PoolTest, BuffersSmallerThanTheObjectAreBufferOverflow) {
+  ASSERT_TRUE(client_->Put("big", RandomBytes(1000, 3)).ok());
+  std::string small(999, '\0');
+  MutableBuffer buffer{small.data(), small.size()};
+  absl::StatusOr<uint64_t> read = client_->Get("big", absl::MakeConstSpan(&buffer, 1));
+  EXPECT_EQ(ToErrorCode(read.status()), v1::BUFFER_OVERFLOW);
+  EXPECT_EQ(small, std::string(999, '\0'));
+}
+
+TEST_F(PoolTest, AbandonedPutIsNeverVisible) {
+  // Phase 1 and 2 of a put, by hand, then the writer walks away.
+  auto stub = v1::MasterService::NewStub(MakeMasterChannel(master_.grpc));
+  v1::BatchPutStartRequest start;
+  start.add_keys("abandoned");
+  start.add_sizes(4096);
+  v1::BatchPutStartResponse reserved;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->BatchPutStart(&context, start, &reserved).ok());
+  ASSERT_EQ(reserved.results(0).code(), 0);
+  const v1::Placement& placement = reserved.results(0).placements(0);
+  std::string value = RandomBytes(4096, 9);
+  client::TcpTransport transport({});
+  client::TransferOp write{.opcode = wire::Opcode::kWrite,
+                           .endpoint = placement.endpoint(),
+                           .offset = placement.offset(),
+                           .length = placement.length(),
+                           .iov = {{value.data(), value.size()}}};
+  std::memcpy(write.token.data(), placement.token().data(), write.token.size());
+  transport.Execute(absl::MakeSpan(&write, 1), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(write.status.ok()) << write.status;
+
+  EXPECT_FALSE(*client_->Exists("abandoned"));
+  EXPECT_EQ(ToErrorCode(client_->Get("abandoned").status()), v1::OBJECT_NOT_FOUND);
+  // Someone else writing the same key is told it is in flight, and writes nothing.
+  EXPECT_EQ(ToErrorCode(client_->Put("abandoned", "x")), v1::OBJECT_ALREADY_EXISTS);
+  EXPECT_EQ(client_->GetClusterStatus()->pending_objects, 1u);
+}
+
+TEST_F(PoolTest, ReplicasLiveOnDistinctSegmentsAndSurviveLosingOne) {
+  std::string value = RandomBytes(1 << 20, 11);
+  ASSERT_TRUE(client_->Put("replicated", value, PutOptions{.replicas = 2}).ok());
+  absl::StatusOr<ClusterStatus> status = client_->GetClusterStatus();
+  for (const SegmentStatus& segment : status->segments) EXPECT_EQ(segment.replicas, 1u);
+
+  segments_[0].process->Signal(SIGKILL);
+  segments_[0].process->Wait();
+  // The master has not noticed yet; the client falls over to the live replica by itself.
+  absl::StatusOr<std::string> back = client_->Get("replicated");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == value);
+}
+
+TEST(MasterRestartTest, ClientAndSegmentFindARestartedMaster) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  std::string address = master->grpc;
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(address, "32MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(address);
+  ASSERT_TRUE(client->Put("before", "1").ok());
+
+  master->process->Signal(SIGKILL);
+  master->process->Wait();
+  absl::Status down = client->Put("during", "2");
+  EXPECT_EQ(ToErrorCode(down), v1::RPC_FAIL) << down;
+
+  master = testing::StartMaster({"--embedded-segment-size=0"}, address);
+  ASSERT_TRUE(master.ok()) << master.status();
+  // The segment mounts again by itself; the same client object works again.
+  ASSERT_TRUE(segment->process->WaitForLine("kvpool-segment mounted", absl::Seconds(10)).ok());
+  absl::Status after = client->Put("after", "3");
+  for (int i = 0; i < 50 && !after.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));  // gRPC's reconnect backoff is at most 1 s
+    after = client->Put("after", "3");
+  }
+  ASSERT_TRUE(after.ok()) << after;
+  EXPECT_EQ(*client->Get("after"), "3");
+}
+
+}  // namespace
+}  // namespace kvpool
