@@ -7,6 +7,7 @@
 #include "client/master_client.h"
 #include "client/tcp_transport.h"
 #include "common/net.h"
+#include "proto/checksum.h"
 #include "proto/error_codes.h"
 
 namespace kvpool {
@@ -46,29 +47,51 @@ std::vector<iovec> Truncated(absl::Span<const MutableBuffer> parts, uint64_t siz
 struct Client::Impl {
   explicit Impl(const ClientOptions& o)
       : options(o),
+        local_host(o.local_host.empty() ? LocalHostName() : o.local_host),
         master(o.master_address, o.rpc_timeout),
         transport(std::make_unique<client::TcpTransport>(client::TcpTransportOptions{
             .connections_per_endpoint = o.connections_per_segment})) {}
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
-  // Step G2: reads the located objects `wanted` (indices into `located`) into their target
-  // buffers, trying the replicas in the master's order until one succeeds, and sets their
-  // results. `targets[i]` must hold located.results(i).size() bytes.
-  void ReadLocated(const v1::BatchGetReplicaListResponse& located, std::vector<size_t> wanted,
-                   const std::vector<std::vector<iovec>>& targets,
-                   std::vector<absl::StatusOr<uint64_t>>& results);
+  // Step G2: reads the located objects `wanted` (indices into `located`, answered at
+  // `located_at`) into their target buffers, trying replicas on this host first, then the
+  // others, until one succeeds, and sets their results. `targets[i]` must hold
+  // located.results(i).size() bytes. Checks checksums when asked, and always for a read that
+  // finished after its lease ran out (LEASE_EXPIRED if the bytes changed).
+  void ReadLocated(const v1::BatchGetReplicaListResponse& located, absl::Time located_at,
+                   std::vector<size_t> wanted, const std::vector<std::vector<iovec>>& targets,
+                   const GetOptions& options, std::vector<absl::StatusOr<uint64_t>>& results);
+
+  // Step G1 then G2 for a batch, once.
+  std::vector<absl::StatusOr<uint64_t>> BatchGetOnce(absl::Span<const GetItem> items,
+                                                     const GetOptions& options);
+
+  // Replica indices of `result`, those on this host first.
+  std::vector<int> ReplicaOrder(const v1::GetResult& result) const;
 
   const ClientOptions options;
+  const std::string local_host;
   client::MasterClient master;
   std::unique_ptr<client::Transport> transport;
 };
 
+std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) const {
+  std::vector<int> order(result.replicas_size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_partition(order.begin(), order.end(),
+                        [&](int i) { return result.replicas(i).host() == local_host; });
+  return order;
+}
+
 void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
-                               std::vector<size_t> wanted,
+                               absl::Time located_at, std::vector<size_t> wanted,
                                const std::vector<std::vector<iovec>>& targets,
+                               const GetOptions& get_options,
                                std::vector<absl::StatusOr<uint64_t>>& results) {
-  std::vector<int> next_replica(results.size(), 0);
+  std::vector<std::vector<int>> order(results.size());
+  std::vector<size_t> tried(results.size(), 0);
+  for (size_t i : wanted) order[i] = ReplicaOrder(located.results(static_cast<int>(i)));
   std::vector<size_t> waiting = std::move(wanted);
   absl::Time deadline = TransferDeadline();
   while (!waiting.empty()) {
@@ -76,7 +99,7 @@ void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
     std::vector<size_t> owners;
     for (size_t i : waiting) {
       const v1::GetResult& result = located.results(static_cast<int>(i));
-      const v1::Placement& replica = result.replicas(next_replica[i]++);
+      const v1::Placement& replica = result.replicas(order[i][tried[i]++]);
       absl::StatusOr<wire::Token> token = TokenFrom(replica.token());
       if (!token.ok() || replica.length() != result.size()) {
         results[i] = token.ok() ? absl::InternalError("replica length differs from object size")
@@ -93,19 +116,77 @@ void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
     }
     transport->Execute(absl::MakeSpan(ops), deadline);
     waiting.clear();
+    absl::Time finished = absl::Now();
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
       const v1::GetResult& result = located.results(static_cast<int>(i));
       if (ops[k].status.ok()) {
-        results[i] = result.size();
-      } else if (next_replica[i] < result.replicas_size() &&
-                 ops[k].status.code() != absl::StatusCode::kDeadlineExceeded) {
+        bool lease_ran_out = finished > located_at + absl::Milliseconds(result.lease_ttl_ms());
+        bool check = (get_options.verify_checksum || options.verify_checksums || lease_ran_out) &&
+                     result.checksum() != 0;
+        if (check && wire::Checksum(targets[i]) != result.checksum()) {
+          results[i] = lease_ran_out
+                           ? ErrorStatus(v1::LEASE_EXPIRED,
+                                         "the read outlasted its lease and the object changed")
+                           : ErrorStatus(v1::CHECKSUM_MISMATCH,
+                                         absl::StrCat("bytes read from ", ops[k].endpoint,
+                                                      " do not match the writer's checksum"));
+        } else {
+          results[i] = result.size();
+        }
+      } else if (tried[i] < order[i].size() &&
+                 ops[k].status.code() != absl::StatusCode::kDeadlineExceeded &&
+                 ToErrorCode(ops[k].status) != v1::LEASE_EXPIRED) {
         waiting.push_back(i);  // try the next replica
       } else {
         results[i] = ops[k].status;
       }
     }
   }
+}
+
+std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetOnce(absl::Span<const GetItem> items,
+                                                               const GetOptions& options) {
+  const size_t n = items.size();
+  std::vector<absl::StatusOr<uint64_t>> results(n, uint64_t{0});
+  if (n == 0) return results;
+  // Step G1: where the replicas are.
+  v1::BatchGetReplicaListRequest request;
+  for (const GetItem& item : items) request.add_keys(item.key);
+  absl::Time located_at = absl::Now();
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      master.BatchGetReplicaList(request);
+  if (located.ok() && located->results_size() != static_cast<int>(n)) {
+    located = CountMismatch(located->results_size(), n);
+  }
+  if (!located.ok()) return std::vector<absl::StatusOr<uint64_t>>(n, located.status());
+
+  std::vector<std::vector<iovec>> targets(n);
+  std::vector<size_t> wanted;
+  for (size_t i = 0; i < n; ++i) {
+    const v1::GetResult& result = located->results(static_cast<int>(i));
+    if (result.code() != v1::OK) {
+      results[i] = FromErrorCode(result.code(), result.message());
+      continue;
+    }
+    if (result.replicas().empty()) {
+      results[i] = absl::InternalError("master gave no replica");
+      continue;
+    }
+    uint64_t capacity = 0;
+    for (const MutableBuffer& part : items[i].parts) capacity += part.size;
+    if (capacity < result.size()) {
+      results[i] = ErrorStatus(v1::BUFFER_OVERFLOW,
+                               absl::StrCat("buffers hold ", capacity, " bytes but the object has ",
+                                            result.size()));
+      continue;
+    }
+    targets[i] = Truncated(items[i].parts, result.size());
+    wanted.push_back(i);
+  }
+  ReadLocated(*located, located_at, std::move(wanted), targets, options, results);
+
+  return results;
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -144,6 +225,10 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
   // Step P1: reserve space.
   v1::BatchPutStartRequest start;
   start.set_replica_num(options.replicas);
+  start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
+                : options.pin == PinMode::kSoft ? v1::PIN_SOFT
+                                                : v1::PIN_NONE);
+  if (options.prefer_local_segment) start.set_preferred_host(impl_->local_host);
   for (const PutItem& item : items) {
     start.add_keys(item.key);
     start.add_sizes(std::accumulate(item.parts.begin(), item.parts.end(), uint64_t{0},
@@ -159,6 +244,7 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
   std::vector<TransferOp> ops;
   std::vector<size_t> owners;
   std::vector<bool> has_reservation(n, false);
+  std::vector<uint64_t> checksums(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
     if (result.code() != v1::OK) {
@@ -170,6 +256,7 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
     for (const ConstBuffer& part : items[i].parts) {
       if (part.size > 0) iov.push_back(iovec{const_cast<void*>(part.data), part.size});
     }
+    checksums[i] = wire::Checksum(iov);
     if (result.placements().empty()) results[i] = absl::InternalError("master gave no placement");
     for (const v1::Placement& placement : result.placements()) {
       absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
@@ -201,6 +288,7 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
     v1::PutEndItem* item = results[i].ok() ? end.add_items() : revoke.add_items();
     item->set_key(items[i].key);
     item->set_put_id(reserved->results(static_cast<int>(i)).put_id());
+    if (results[i].ok()) item->set_checksum(checksums[i]);
     if (results[i].ok()) committed.push_back(i);
   }
   if (!committed.empty()) {
@@ -222,68 +310,56 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
   return results;
 }
 
-absl::StatusOr<uint64_t> Client::Get(absl::string_view key, absl::Span<const MutableBuffer> parts) {
+absl::StatusOr<uint64_t> Client::Get(absl::string_view key, absl::Span<const MutableBuffer> parts,
+                                     const GetOptions& options) {
   GetItem item{std::string(key), std::vector<MutableBuffer>(parts.begin(), parts.end())};
-  return BatchGet(absl::MakeConstSpan(&item, 1))[0];
+  return BatchGet(absl::MakeConstSpan(&item, 1), options)[0];
 }
 
-absl::StatusOr<std::string> Client::Get(absl::string_view key) {
-  v1::BatchGetReplicaListRequest request;
-  request.add_keys(std::string(key));
-  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-      impl_->master.BatchGetReplicaList(request);
-  if (located.ok() && located->results_size() != 1) {
-    located = CountMismatch(located->results_size(), 1);
+absl::StatusOr<std::string> Client::Get(absl::string_view key, const GetOptions& options) {
+  // The size is known only once the master answers: ask, allocate, then read. A read that
+  // lost its lease (LEASE_EXPIRED) is retried once with a fresh answer.
+  absl::Status status;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    v1::BatchGetReplicaListRequest request;
+    request.add_keys(std::string(key));
+    absl::Time located_at = absl::Now();
+    absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+        impl_->master.BatchGetReplicaList(request);
+    if (located.ok() && located->results_size() != 1) {
+      located = CountMismatch(located->results_size(), 1);
+    }
+    if (!located.ok()) return located.status();
+    const v1::GetResult& result = located->results(0);
+    if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
+    if (result.replicas().empty()) return absl::InternalError("master gave no replica");
+    std::string value(result.size(), '\0');
+    std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
+    std::vector<absl::StatusOr<uint64_t>> results(1);
+    impl_->ReadLocated(*located, located_at, {0}, targets, options, results);
+    if (results[0].ok()) return value;
+    status = results[0].status();
+    if (ToErrorCode(status) != v1::LEASE_EXPIRED) break;
   }
-  if (!located.ok()) return located.status();
-  const v1::GetResult& result = located->results(0);
-  if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
-  std::string value(result.size(), '\0');
-  std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
-  std::vector<absl::StatusOr<uint64_t>> results(1);
-  impl_->ReadLocated(*located, {0}, targets, results);
-  if (!results[0].ok()) return results[0].status();
-  return value;
+  return status;
 }
 
-std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem> items) {
-  const size_t n = items.size();
-  std::vector<absl::StatusOr<uint64_t>> results(n, uint64_t{0});
-  if (n == 0) return results;
-  // Step G1: where the replicas are.
-  v1::BatchGetReplicaListRequest request;
-  for (const GetItem& item : items) request.add_keys(item.key);
-  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-      impl_->master.BatchGetReplicaList(request);
-  if (located.ok() && located->results_size() != static_cast<int>(n)) {
-    located = CountMismatch(located->results_size(), n);
+std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem> items,
+                                                       const GetOptions& options) {
+  std::vector<absl::StatusOr<uint64_t>> results = impl_->BatchGetOnce(items, options);
+  // Reads that lost their lease get one more try with a fresh answer from the master.
+  std::vector<size_t> expired;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok() && ToErrorCode(results[i].status()) == v1::LEASE_EXPIRED) {
+      expired.push_back(i);
+    }
   }
-  if (!located.ok()) return std::vector<absl::StatusOr<uint64_t>>(n, located.status());
-
-  std::vector<std::vector<iovec>> targets(n);
-  std::vector<size_t> wanted;
-  for (size_t i = 0; i < n; ++i) {
-    const v1::GetResult& result = located->results(static_cast<int>(i));
-    if (result.code() != v1::OK) {
-      results[i] = FromErrorCode(result.code(), result.message());
-      continue;
-    }
-    if (result.replicas().empty()) {
-      results[i] = absl::InternalError("master gave no replica");
-      continue;
-    }
-    uint64_t capacity = 0;
-    for (const MutableBuffer& part : items[i].parts) capacity += part.size;
-    if (capacity < result.size()) {
-      results[i] = ErrorStatus(v1::BUFFER_OVERFLOW,
-                               absl::StrCat("buffers hold ", capacity, " bytes but the object has ",
-                                            result.size()));
-      continue;
-    }
-    targets[i] = Truncated(items[i].parts, result.size());
-    wanted.push_back(i);
+  if (!expired.empty()) {
+    std::vector<GetItem> again;
+    for (size_t i : expired) again.push_back(items[i]);
+    std::vector<absl::StatusOr<uint64_t>> retried = impl_->BatchGetOnce(again, options);
+    for (size_t k = 0; k < expired.size(); ++k) results[expired[k]] = std::move(retried[k]);
   }
-  impl_->ReadLocated(*located, std::move(wanted), targets, results);
   return results;
 }
 
@@ -324,13 +400,14 @@ std::vector<absl::StatusOr<bool>> Client::BatchExist(absl::Span<const std::strin
   return results;
 }
 
-absl::Status Client::Remove(absl::string_view key) {
+absl::Status Client::Remove(absl::string_view key, bool force) {
   std::string k(key);
-  return BatchRemove(absl::MakeConstSpan(&k, 1))[0];
+  return BatchRemove(absl::MakeConstSpan(&k, 1), force)[0];
 }
 
-std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys) {
+std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys, bool force) {
   v1::BatchRemoveRequest request;
+  request.set_force(force);
   for (const std::string& key : keys) request.add_keys(key);
   absl::StatusOr<v1::BatchRemoveResponse> response = impl_->master.BatchRemove(request);
   if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
@@ -345,9 +422,10 @@ std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys
   return results;
 }
 
-absl::StatusOr<uint64_t> Client::RemoveAll() {
-  absl::StatusOr<v1::RemoveAllResponse> response =
-      impl_->master.RemoveAll(v1::RemoveAllRequest());
+absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
+  v1::RemoveAllRequest request;
+  request.set_force(force);
+  absl::StatusOr<v1::RemoveAllResponse> response = impl_->master.RemoveAll(request);
   if (!response.ok()) return response.status();
   return response->removed();
 }
@@ -361,6 +439,12 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   status.used_bytes = response->used_bytes();
   status.objects = response->objects();
   status.pending_objects = response->pending_objects();
+  status.leased_objects = response->leased_objects();
+  status.soft_pinned_objects = response->soft_pinned_objects();
+  status.hard_pinned_objects = response->hard_pinned_objects();
+  status.evicted_objects = response->evicted_objects();
+  status.evicted_bytes = response->evicted_bytes();
+  status.reclaimed_reservations = response->reclaimed_reservations();
   for (const v1::SegmentStatus& s : response->segments()) {
     status.segments.push_back(SegmentStatus{
         .name = s.name(),
@@ -374,6 +458,12 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
     });
   }
   return status;
+}
+
+absl::Status Client::DrainSegment(absl::string_view name) {
+  v1::DrainSegmentRequest request;
+  request.set_name(std::string(name));
+  return impl_->master.DrainSegment(request).status();
 }
 
 }  // namespace kvpool

@@ -73,4 +73,9 @@ absl::StatusOr<v1::GetClusterStatusResponse> MasterClient::GetClusterStatus(
   return Call(&v1::MasterService::Stub::GetClusterStatus, request, rpc_timeout_);
 }
 
+absl::StatusOr<v1::DrainSegmentResponse> MasterClient::DrainSegment(
+    const v1::DrainSegmentRequest& request) {
+  return Call(&v1::MasterService::Stub::DrainSegment, request, rpc_timeout_);
+}
+
 }  // namespace kvpool::client

@@ -31,6 +31,7 @@ class MasterClient {
   absl::StatusOr<v1::RemoveAllResponse> RemoveAll(const v1::RemoveAllRequest& request);
   absl::StatusOr<v1::GetClusterStatusResponse> GetClusterStatus(
       const v1::GetClusterStatusRequest& request);
+  absl::StatusOr<v1::DrainSegmentResponse> DrainSegment(const v1::DrainSegmentRequest& request);
 
  private:
   template <typename Request, typename Response>

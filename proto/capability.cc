@@ -59,7 +59,7 @@ absl::Status VerifyToken(const std::string& secret, const RequestHeader& request
     return absl::PermissionDeniedError("capability token does not grant this range");
   }
   if (static_cast<int64_t>(expiry_ms) < absl::ToUnixMillis(now)) {
-    return absl::PermissionDeniedError("capability token expired");
+    return absl::DeadlineExceededError("capability token expired");
   }
   return absl::OkStatus();
 }

@@ -28,7 +28,8 @@ Token MintToken(const std::string& secret, Opcode opcode, uint64_t offset, uint6
                 absl::Time expiry);
 
 // PermissionDenied (with the reason) when the token was not minted for exactly this request
-// with this secret, or expired before `now`.
+// with this secret; DeadlineExceeded when it was, but expired before `now` (a read whose
+// lease ran out, a write whose reservation did).
 absl::Status VerifyToken(const std::string& secret, const RequestHeader& request, absl::Time now);
 
 }  // namespace kvpool::wire

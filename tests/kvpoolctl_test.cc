@@ -92,7 +92,10 @@ TEST_F(KvpoolctlTest, ExistsRmAndErrorsHaveExitCodes) {
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_NE(again.first_line.find("\"code\":-705"), std::string::npos) << again.first_line;
 
-  EXPECT_EQ(Ctl({"rm", "k"}).exit_code, 0);
+  CtlRun leased = Ctl({"--json", "rm", "k"});  // exists leased it
+  EXPECT_EQ(leased.exit_code, 1);
+  EXPECT_EQ(leased.first_line, "{\"k\":-706}");
+  EXPECT_EQ(Ctl({"rm", "--force", "k"}).exit_code, 0);
   CtlRun gone = Ctl({"--json", "get", "k", dir_ + "/never"});
   EXPECT_EQ(gone.exit_code, 1);
   EXPECT_NE(gone.first_line.find("OBJECT_NOT_FOUND"), std::string::npos) << gone.first_line;

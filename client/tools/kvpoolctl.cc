@@ -4,9 +4,10 @@
 //     put KEY FILE|-        store the file (or stdin) under KEY
 //     get KEY [FILE|-]      fetch KEY into the file (default: stdout)
 //     exists KEY...         whether each key is stored
-//     rm KEY...             remove keys
-//     status                capacity, use, objects, segments
+//     rm [--force] KEY...   remove keys (--force: even leased ones)
+//     status                capacity, use, objects, leases, pins, evictions, segments
 //     segments              one line per segment
+//     drain SEGMENT         stop placing objects on a segment; it leaves when idle
 //
 // Exit status: 0 success, 1 the operation failed (not found, pressure, ...), 2 usage error.
 
@@ -28,6 +29,8 @@ ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master
 ABSL_FLAG(bool, json, false, "Print results as JSON, for scripts");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each call");
 ABSL_FLAG(uint32_t, replicas, 1, "put: copies on distinct segments");
+ABSL_FLAG(std::string, pin, "none", "put: none, soft (evicted last) or hard (never evicted)");
+ABSL_FLAG(bool, force, false, "rm: remove even objects that readers hold a lease on");
 
 namespace {
 
@@ -36,9 +39,11 @@ constexpr char kUsage[] =
     "  put KEY FILE|-      store the file (or stdin) under KEY\n"
     "  get KEY [FILE|-]    fetch KEY into the file (default: stdout)\n"
     "  exists KEY...       whether each key is stored\n"
-    "  rm KEY...           remove keys\n"
-    "  status              capacity, use, objects, segments\n"
-    "  segments            one line per segment";
+    "  rm [--force] KEY... remove keys (--force: even leased ones)\n"
+    "  status              capacity, use, objects, leases, pins, evictions, segments\n"
+    "  segments            one line per segment\n"
+    "  drain SEGMENT       stop placing objects on a segment; it leaves when idle\n"
+    "  put options: --replicas=N --pin=none|soft|hard";
 
 std::string JsonString(absl::string_view text) {
   std::string out = "\"";
@@ -93,8 +98,15 @@ int Put(kvpool::Client& client, const std::vector<char*>& args) {
   if (args.size() != 3) return Usage("put takes KEY and FILE (or - for stdin)");
   absl::StatusOr<std::string> value = ReadInput(args[2]);
   if (!value.ok()) return Report(value.status(), "put");
-  absl::Status status =
-      client.Put(args[1], *value, kvpool::PutOptions{.replicas = absl::GetFlag(FLAGS_replicas)});
+  std::string pin = absl::GetFlag(FLAGS_pin);
+  if (pin != "none" && pin != "soft" && pin != "hard") {
+    return Usage("--pin is none, soft or hard");
+  }
+  kvpool::PutOptions options{.replicas = absl::GetFlag(FLAGS_replicas),
+                             .pin = pin == "hard"   ? kvpool::PinMode::kHard
+                                    : pin == "soft" ? kvpool::PinMode::kSoft
+                                                    : kvpool::PinMode::kNone};
+  absl::Status status = client.Put(args[1], *value, options);
   if (!status.ok()) return Report(status, absl::StrCat("put ", args[1]));
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("{\"ok\":true,\"key\":%s,\"bytes\":%zu}\n", JsonString(args[1]).c_str(),
@@ -107,7 +119,8 @@ int Put(kvpool::Client& client, const std::vector<char*>& args) {
 
 int Get(kvpool::Client& client, const std::vector<char*>& args) {
   if (args.size() < 2 || args.size() > 3) return Usage("get takes KEY and optionally FILE");
-  absl::StatusOr<std::string> value = client.Get(args[1]);
+  // Always checked: a person reading a value wants the bytes that were written, or an error.
+  absl::StatusOr<std::string> value = client.Get(args[1], {.verify_checksum = true});
   if (!value.ok()) return Report(value.status(), absl::StrCat("get ", args[1]));
   std::string path = args.size() == 3 ? args[2] : "-";
   if (path == "-") {
@@ -147,7 +160,7 @@ int Exists(kvpool::Client& client, const std::vector<char*>& args) {
 int Remove(kvpool::Client& client, const std::vector<char*>& args) {
   if (args.size() < 2) return Usage("rm takes at least one KEY");
   std::vector<std::string> keys(args.begin() + 1, args.end());
-  std::vector<absl::Status> results = client.BatchRemove(keys);
+  std::vector<absl::Status> results = client.BatchRemove(keys, absl::GetFlag(FLAGS_force));
   int exit_code = 0;
   std::string json = "{";
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -162,6 +175,19 @@ int Remove(kvpool::Client& client, const std::vector<char*>& args) {
   }
   if (absl::GetFlag(FLAGS_json)) std::printf("%s}\n", json.c_str());
   return exit_code;
+}
+
+int Drain(kvpool::Client& client, const std::vector<char*>& args) {
+  if (args.size() != 2) return Usage("drain takes one SEGMENT name (see kvpoolctl segments)");
+  absl::Status status = client.DrainSegment(args[1]);
+  if (!status.ok()) return Report(status, absl::StrCat("drain ", args[1]));
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("{\"ok\":true,\"segment\":%s}\n", JsonString(args[1]).c_str());
+  } else {
+    std::printf("draining %s: it takes no new objects and leaves once nothing on it is leased\n",
+                args[1]);
+  }
+  return 0;
 }
 
 std::string SegmentJson(const kvpool::SegmentStatus& s) {
@@ -196,13 +222,19 @@ int Status(kvpool::Client& client, bool segments_only) {
     if (segments_only) {
       std::printf("%s\n", segments.c_str());
     } else {
-      std::printf(
-          "{\"capacity_bytes\":%llu,\"used_bytes\":%llu,\"objects\":%llu,\"pending_objects\":%llu,"
-          "\"segments\":%s}\n",
-          static_cast<unsigned long long>(status->capacity_bytes),
-          static_cast<unsigned long long>(status->used_bytes),
-          static_cast<unsigned long long>(status->objects),
-          static_cast<unsigned long long>(status->pending_objects), segments.c_str());
+      std::printf("%s\n",
+                  absl::StrCat("{\"capacity_bytes\":", status->capacity_bytes,
+                               ",\"used_bytes\":", status->used_bytes,
+                               ",\"objects\":", status->objects,
+                               ",\"pending_objects\":", status->pending_objects,
+                               ",\"leased_objects\":", status->leased_objects,
+                               ",\"soft_pinned_objects\":", status->soft_pinned_objects,
+                               ",\"hard_pinned_objects\":", status->hard_pinned_objects,
+                               ",\"evicted_objects\":", status->evicted_objects,
+                               ",\"evicted_bytes\":", status->evicted_bytes,
+                               ",\"reclaimed_reservations\":", status->reclaimed_reservations,
+                               ",\"segments\":", segments, "}")
+                      .c_str());
     }
     return 0;
   }
@@ -214,9 +246,15 @@ int Status(kvpool::Client& client, bool segments_only) {
     std::printf("master     %s\n", absl::GetFlag(FLAGS_master).c_str());
     std::printf("capacity   %s\n", kvpool::FormatSize(status->capacity_bytes).c_str());
     std::printf("used       %s (%.1f%%)\n", kvpool::FormatSize(status->used_bytes).c_str(), percent);
-    std::printf("objects    %llu (+%llu being written)\n",
+    std::printf("objects    %llu (+%llu being written), %llu leased, %llu soft / %llu hard pinned\n",
                 static_cast<unsigned long long>(status->objects),
-                static_cast<unsigned long long>(status->pending_objects));
+                static_cast<unsigned long long>(status->pending_objects),
+                static_cast<unsigned long long>(status->leased_objects),
+                static_cast<unsigned long long>(status->soft_pinned_objects),
+                static_cast<unsigned long long>(status->hard_pinned_objects));
+    std::printf("evicted    %llu objects (%s) since the master started\n",
+                static_cast<unsigned long long>(status->evicted_objects),
+                kvpool::FormatSize(status->evicted_bytes).c_str());
     std::printf("segments   %zu\n\n", status->segments.size());
   }
   PrintSegmentTable(*status);
@@ -232,7 +270,7 @@ int main(int argc, char** argv) {
   if (args.empty()) return Usage("no command");
   std::string command = args[0];
   if (command != "put" && command != "get" && command != "exists" && command != "rm" &&
-      command != "status" && command != "segments") {
+      command != "status" && command != "segments" && command != "drain") {
     return Usage(absl::StrCat("unknown command \"", command, "\""));
   }
 
@@ -248,6 +286,7 @@ int main(int argc, char** argv) {
   if (command == "get") return Get(**client, args);
   if (command == "exists") return Exists(**client, args);
   if (command == "rm") return Remove(**client, args);
+  if (command == "drain") return Drain(**client, args);
   if (args.size() != 1) return Usage(absl::StrCat(command, " takes no arguments"));
   return Status(**client, command == "segments");
 }

@@ -5,6 +5,7 @@
 #include <boost/beast/http.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/log.h"
 #include "server/common/listen.h"
 
@@ -18,6 +19,19 @@ using tcp = asio::ip::tcp;
 namespace {
 
 constexpr auto kConnectionDeadline = std::chrono::seconds(10);
+
+HttpRequest Parse(const std::string& target) {
+  HttpRequest request;
+  size_t question = target.find('?');
+  request.path = target.substr(0, question);
+  if (question == std::string::npos) return request;
+  for (absl::string_view pair : absl::StrSplit(target.substr(question + 1), '&')) {
+    if (pair.empty()) continue;
+    std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    request.params[kv.first] = kv.second;
+  }
+  return request;
+}
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -35,15 +49,14 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void Respond() {
     HttpResponse reply;
-    std::string target(request_.target());
-    std::string path = target.substr(0, target.find('?'));
-    auto it = handlers_.find(path);
+    HttpRequest request = Parse(std::string(request_.target()));
+    auto it = handlers_.find(request.path);
     if (request_.method() != http::verb::get && request_.method() != http::verb::head) {
       reply = {405, "text/plain; charset=utf-8", "only GET is supported\n"};
     } else if (it == handlers_.end()) {
-      reply = {404, "text/plain; charset=utf-8", absl::StrCat("no handler for ", path, "\n")};
+      reply = {404, "text/plain; charset=utf-8", absl::StrCat("no handler for ", request.path, "\n")};
     } else {
-      reply = it->second();
+      reply = it->second(request);
     }
     response_.version(request_.version());
     response_.result(static_cast<http::status>(reply.status));

@@ -16,6 +16,12 @@
 
 namespace kvpool {
 
+struct HttpRequest {
+  std::string path;
+  // Query parameters ("?offset=12&x=y"), undecoded.
+  absl::flat_hash_map<std::string, std::string> params;
+};
+
 struct HttpResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
@@ -24,7 +30,7 @@ struct HttpResponse {
 
 class HttpServer {
  public:
-  using Handler = std::function<HttpResponse()>;
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
   HttpServer();
   ~HttpServer();

@@ -1,7 +1,9 @@
 #pragma once
 
 // The master's gRPC service (callback API): converts protos to core types, calls Master,
-// converts back. No logic of its own, and nothing here blocks.
+// converts back. No logic of its own, and nothing here blocks: calls that wait (a segment's
+// long-poll heartbeat, a commit waiting for segments to record it) park their reactor with
+// ManifestSync and finish from its callback.
 
 #include "kvpool/v1/master.grpc.pb.h"
 #include "server/master/master.h"
@@ -15,6 +17,9 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
                                          const v1::MountSegmentRequest* request,
                                          v1::MountSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreManifest(grpc::CallbackServerContext* context,
+                                            const v1::RestoreManifestRequest* request,
+                                            v1::RestoreManifestResponse* response) override;
   grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* context,
                                            const v1::UnmountSegmentRequest* request,
                                            v1::UnmountSegmentResponse* response) override;
@@ -42,11 +47,17 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* RemoveAll(grpc::CallbackServerContext* context,
                                       const v1::RemoveAllRequest* request,
                                       v1::RemoveAllResponse* response) override;
+  grpc::ServerUnaryReactor* DrainSegment(grpc::CallbackServerContext* context,
+                                         const v1::DrainSegmentRequest* request,
+                                         v1::DrainSegmentResponse* response) override;
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const v1::GetClusterStatusRequest* request,
                                              v1::GetClusterStatusResponse* response) override;
 
  private:
+  // Finishes `reactor` once the ticket's manifest records are applied (or time is up).
+  void FinishWhenDurable(grpc::ServerUnaryReactor* reactor, ManifestSync::Ticket ticket);
+
   Master& master_;
 };
 

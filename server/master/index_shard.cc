@@ -1,71 +1,81 @@
 #include "server/master/index_shard.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "proto/error_codes.h"
 
 namespace kvpool::master {
 namespace {
 
 bool Live(const Replica& replica) { return !replica.segment->removed(); }
 
+bool Leased(const Object& object, absl::Time now) { return object.lease_expiry > now; }
+
+// The global order of accesses, shared by every shard (and every master in a process).
+std::atomic<uint64_t> access_clock{0};
+
 }  // namespace
 
+ObjectView IndexShard::View(const Object& object) {
+  return ObjectView{*object.key,  object.size,         object.put_id,  object.checksum,
+                    object.pin,   object.lease_expiry, object.replicas};
+}
+
 absl::StatusOr<ObjectView> IndexShard::Reserve(
-    absl::string_view key, uint64_t size, uint32_t replica_num, uint64_t put_id,
-    absl::Span<const std::shared_ptr<MountedSegment>> segments, absl::Time put_deadline) {
+    absl::string_view key, const ReserveRequest& request,
+    absl::Span<const std::shared_ptr<MountedSegment>> segments) {
   absl::MutexLock lock(&mu_);
   if (auto it = objects_.find(key); it != objects_.end()) {
     return absl::AlreadyExistsError(it->second.committed ? "object already exists"
                                                          : "object is being written");
   }
-  // Most free space first, so load spreads over the pool.
-  std::vector<std::pair<uint64_t, MountedSegment*>> candidates;
-  candidates.reserve(segments.size());
-  for (const auto& segment : segments) {
-    if (segment->removed()) continue;
-    const RangeAllocator& allocator = segment->allocator();
-    candidates.emplace_back(allocator.capacity() - allocator.used(), segment.get());
-  }
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-
-  Object object;
-  object.size = size;
-  object.put_id = put_id;
-  object.put_deadline = put_deadline;
-  for (const auto& [free_bytes, segment] : candidates) {
-    if (object.replicas.size() == replica_num) break;
-    if (free_bytes < size) break;  // sorted: nobody after this one has room either
-    std::optional<uint64_t> offset = segment->allocator().Allocate(size);
+  std::vector<Replica> replicas;
+  for (const std::shared_ptr<MountedSegment>& segment : segments) {
+    if (replicas.size() == request.replica_num) break;
+    if (!segment->accepts_writes()) continue;
+    std::optional<uint64_t> offset = segment->allocator().Allocate(request.size);
     if (!offset) continue;
-    auto owner = std::find_if(segments.begin(), segments.end(),
-                              [&](const auto& s) { return s.get() == segment; });
     segment->AddReplicas(1);
-    object.replicas.push_back(Replica{*owner, *offset});
+    replicas.push_back(Replica{segment, *offset});
   }
-  if (object.replicas.empty()) {
+  if (replicas.empty()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("no segment has ", size, " free bytes for this object"));
+        absl::StrCat("no segment has ", request.size, " free bytes for this object"));
   }
-  ObjectView view{object.size, object.put_id, object.replicas};
-  objects_.emplace(key, std::move(object));
+  auto [it, inserted] = objects_.try_emplace(key);
+  Object& object = it->second;
+  object.key = &it->first;
+  object.size = request.size;
+  object.put_id = request.put_id;
+  object.pin = request.pin;
+  object.put_deadline = request.put_deadline;
+  object.replicas = std::move(replicas);
+  pending_.PushBack(&object);
   ++counts_.pending;
-  return view;
+  return View(object);
 }
 
-absl::Status IndexShard::Commit(absl::string_view key, uint64_t put_id) {
+absl::StatusOr<ObjectView> IndexShard::Commit(absl::string_view key, uint64_t put_id,
+                                              uint64_t checksum, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = objects_.find(key);
   if (it == objects_.end() || it->second.put_id != put_id) {
     return absl::NotFoundError("no such reservation (revoked, expired or another writer's)");
   }
-  if (!it->second.committed) {
-    it->second.committed = true;
+  Object& object = it->second;
+  if (!object.committed) {
+    object.committed = true;
+    object.checksum = checksum;
+    pending_.Unlink(&object);
+    lru_.PushBack(&object);
+    object.last_access = access_clock.fetch_add(1) + 1;
     --counts_.pending;
     ++counts_.committed;
+    CountPinLocked(object.pin, +1);
   }
-  return absl::OkStatus();
+  return View(object);
 }
 
 absl::Status IndexShard::Revoke(absl::string_view key, uint64_t put_id) {
@@ -78,42 +88,106 @@ absl::Status IndexShard::Revoke(absl::string_view key, uint64_t put_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key) const {
-  absl::ReaderMutexLock lock(&mu_);
+absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key, absl::Time now,
+                                              absl::Duration lease) {
+  absl::MutexLock lock(&mu_);
   auto it = objects_.find(key);
   if (it == objects_.end() || !it->second.committed) {
     return absl::NotFoundError("object not found");
   }
-  ObjectView view{it->second.size, it->second.put_id, {}};
-  for (const Replica& replica : it->second.replicas) {
+  Object& object = it->second;
+  ObjectView view = View(object);
+  view.replicas.clear();
+  for (const Replica& replica : object.replicas) {
     if (Live(replica)) view.replicas.push_back(replica);
   }
   if (view.replicas.empty()) return absl::NotFoundError("object lost with its segments");
+  object.lease_expiry = std::max(object.lease_expiry, now + lease);
+  view.lease_expiry = object.lease_expiry;
+  TouchLocked(object);
   return view;
 }
 
-absl::Status IndexShard::Remove(absl::string_view key) {
+bool IndexShard::Exists(absl::string_view key, absl::Time now, absl::Duration lease) {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end() || !it->second.committed) return false;
+  Object& object = it->second;
+  if (std::none_of(object.replicas.begin(), object.replicas.end(), Live)) return false;
+  object.lease_expiry = std::max(object.lease_expiry, now + lease);
+  TouchLocked(object);
+  return true;
+}
+
+absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time now, bool force) {
   absl::MutexLock lock(&mu_);
   auto it = objects_.find(key);
   if (it == objects_.end() || !it->second.committed) {
     return absl::NotFoundError("object not found");
   }
+  if (!force && Leased(it->second, now)) {
+    return ErrorStatus(v1::OBJECT_HAS_LEASE,
+                       absl::StrCat("object is leased by a reader for another ",
+                                    absl::FormatDuration(it->second.lease_expiry - now)));
+  }
+  ObjectView view = View(it->second);
   EraseLocked(it, /*free_space=*/true);
-  return absl::OkStatus();
+  return view;
 }
 
-uint64_t IndexShard::RemoveAll() {
+std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force) {
   absl::MutexLock lock(&mu_);
-  uint64_t removed = 0;
+  std::vector<ObjectView> removed;
   for (auto it = objects_.begin(); it != objects_.end();) {
-    if (it->second.committed) {
+    if (it->second.committed && (force || !Leased(it->second, now))) {
+      removed.push_back(View(it->second));
       EraseLocked(it++, /*free_space=*/true);
-      ++removed;
     } else {
       ++it;
     }
   }
   return removed;
+}
+
+Object* IndexShard::OldestEvictableLocked(absl::Time now, bool soft_pinned_too,
+                                          size_t scan_limit) const {
+  Object* object = lru_.front();
+  for (size_t scanned = 0; object != nullptr && scanned < scan_limit; ++scanned) {
+    bool pinned = object->pin == PinMode::kHard ||
+                  (object->pin == PinMode::kSoft && !soft_pinned_too);
+    if (!pinned && !Leased(*object, now)) return object;
+    object = ObjectList<Object>::Next(object);
+  }
+  return nullptr;
+}
+
+std::optional<uint64_t> IndexShard::OldestEvictable(absl::Time now, bool soft_pinned_too,
+                                                    size_t scan_limit) const {
+  absl::ReaderMutexLock lock(&mu_);
+  Object* object = OldestEvictableLocked(now, soft_pinned_too, scan_limit);
+  if (object == nullptr) return std::nullopt;
+  return object->last_access;
+}
+
+std::optional<ObjectView> IndexShard::EvictOldest(absl::Time now, bool soft_pinned_too,
+                                                  size_t scan_limit) {
+  absl::MutexLock lock(&mu_);
+  Object* object = OldestEvictableLocked(now, soft_pinned_too, scan_limit);
+  if (object == nullptr) return std::nullopt;
+  ObjectView view = View(*object);
+  EraseLocked(objects_.find(*object->key), /*free_space=*/true);
+  return view;
+}
+
+uint64_t IndexShard::ReclaimExpired(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  uint64_t reclaimed = 0;
+  while (Object* oldest = pending_.front()) {
+    if (oldest->put_deadline > now) break;
+    EraseLocked(objects_.find(*oldest->key), /*free_space=*/true);
+    ++reclaimed;
+  }
+  return reclaimed;
 }
 
 uint64_t IndexShard::DropRemovedReplicas() {
@@ -134,20 +208,107 @@ uint64_t IndexShard::DropRemovedReplicas() {
   return erased;
 }
 
+uint64_t IndexShard::ReleaseReplicasOn(const MountedSegment& segment, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  uint64_t held = 0;
+  for (auto it = objects_.begin(); it != objects_.end();) {
+    Object& object = it->second;
+    auto on_segment = std::find_if(object.replicas.begin(), object.replicas.end(),
+                                   [&](const Replica& r) { return r.segment.get() == &segment; });
+    if (on_segment == object.replicas.end()) {
+      ++it;
+    } else if (!object.committed || Leased(object, now)) {
+      ++held;
+      ++it;
+    } else if (object.replicas.size() == 1) {
+      EraseLocked(it++, /*free_space=*/true);
+    } else {
+      on_segment->segment->allocator().Free(on_segment->offset, object.size);
+      on_segment->segment->AddReplicas(-1);
+      object.replicas.erase(on_segment);
+      ++it;
+    }
+  }
+  return held;
+}
+
+absl::Status IndexShard::Restore(absl::string_view key, uint64_t size, uint64_t checksum,
+                                 PinMode pin, const Replica& replica) {
+  absl::MutexLock lock(&mu_);
+  auto existing = objects_.find(key);
+  if (existing != objects_.end()) {
+    const Object& object = existing->second;
+    bool same = object.committed && object.size == size && object.checksum == checksum;
+    bool duplicate = std::any_of(object.replicas.begin(), object.replicas.end(),
+                                 [&](const Replica& r) { return r.segment == replica.segment; });
+    if (!same || duplicate) {
+      return absl::AlreadyExistsError("the index holds a different object under this key");
+    }
+  }
+  if (!replica.segment->allocator().AllocateAt(replica.offset, size)) {
+    return absl::AlreadyExistsError("the range overlaps another object of the segment");
+  }
+  replica.segment->AddReplicas(1);
+  if (existing != objects_.end()) {
+    existing->second.replicas.push_back(replica);
+    return absl::OkStatus();
+  }
+  auto [it, inserted] = objects_.try_emplace(key);
+  Object& object = it->second;
+  object.key = &it->first;
+  object.size = size;
+  object.checksum = checksum;
+  object.pin = pin;
+  object.committed = true;
+  object.replicas.push_back(replica);
+  lru_.PushBack(&object);
+  object.last_access = access_clock.fetch_add(1) + 1;
+  ++counts_.committed;
+  CountPinLocked(pin, +1);
+  return absl::OkStatus();
+}
+
 IndexShard::Counts IndexShard::counts() const {
   absl::ReaderMutexLock lock(&mu_);
   return counts_;
 }
 
+uint64_t IndexShard::CountLeased(absl::Time now) const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t leased = 0;
+  for (const Object* object = lru_.front(); object != nullptr;
+       object = ObjectList<Object>::Next(object)) {
+    leased += Leased(*object, now);
+  }
+  return leased;
+}
+
 void IndexShard::EraseLocked(Map::iterator it, bool free_space) {
-  const Object& object = it->second;
+  Object& object = it->second;
   for (const Replica& replica : object.replicas) {
     replica.segment->AddReplicas(-1);
     // Freeing into the allocator of a removed segment is harmless: nobody allocates there.
     if (free_space) replica.segment->allocator().Free(replica.offset, object.size);
   }
-  --(object.committed ? counts_.committed : counts_.pending);
+  if (object.committed) {
+    lru_.Unlink(&object);
+    --counts_.committed;
+    CountPinLocked(object.pin, -1);
+  } else {
+    pending_.Unlink(&object);
+    --counts_.pending;
+  }
   objects_.erase(it);
+}
+
+void IndexShard::TouchLocked(Object& object) {
+  object.last_access = access_clock.fetch_add(1) + 1;
+  lru_.MoveToBack(&object);
+}
+
+void IndexShard::CountPinLocked(PinMode pin, int delta) {
+  if (pin == PinMode::kSoft) counts_.soft_pinned += delta;
+  if (pin == PinMode::kHard) counts_.hard_pinned += delta;
 }
 
 }  // namespace kvpool::master

@@ -3,22 +3,36 @@
 // One of Master::kNumShards slices of the object index, chosen by the hash of the key.
 // A request holds at most one shard lock at a time (and may take allocator locks under it),
 // so there is no lock order between shards to remember. Thread-safe.
+//
+// An object is first *pending* (reserved by BatchPutStart, invisible to readers, reclaimed
+// after its deadline) and then *committed* (visible, evictable unless leased or pinned).
+// Committed objects are kept in least-recently-used order for eviction.
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/master/object_list.h"
 #include "server/master/segment_registry.h"
 
 namespace kvpool::master {
+
+enum class PinMode : uint8_t {
+  kNone = 0,
+  // Evicted only when nothing unpinned can go.
+  kSoft = 1,
+  // Never evicted (removed only on request).
+  kHard = 2,
+};
 
 // One copy of an object's bytes: [offset, offset + size) of a segment's pool.
 struct Replica {
@@ -27,68 +41,137 @@ struct Replica {
 };
 
 struct Object {
+  const std::string* key = nullptr;  // the map's own key (node_hash_map: stable)
   uint64_t size = 0;
   // Reservation id from Reserve; Commit and Revoke must present it.
   uint64_t put_id = 0;
-  // False from Reserve until Commit: invisible to readers.
+  // Of the whole value, computed by the writer (XXH3-64), 0 if none was given.
+  uint64_t checksum = 0;
   bool committed = false;
-  // A reservation not committed by then may be reclaimed.
+  PinMode pin = PinMode::kNone;
+  // Pending: reclaimed after this. Committed: unused.
   absl::Time put_deadline;
+  // Committed: neither evicted nor removed (unless forced) before this.
+  absl::Time lease_expiry = absl::InfinitePast();
+  // Position in the global order of accesses (commit, get, exist): eviction takes the
+  // smallest first, across all shards.
+  uint64_t last_access = 0;
+  std::vector<Replica> replicas;
+  // Links in the shard's pending list or LRU list (see ObjectList).
+  Object* prev = nullptr;
+  Object* next = nullptr;
+};
+
+// What a caller may know about an object, copied out of the shard.
+struct ObjectView {
+  std::string key;
+  uint64_t size = 0;
+  uint64_t put_id = 0;
+  uint64_t checksum = 0;
+  PinMode pin = PinMode::kNone;
+  absl::Time lease_expiry;
   std::vector<Replica> replicas;
 };
 
-// What a reader or writer needs to know about an object.
-struct ObjectView {
+struct ReserveRequest {
   uint64_t size = 0;
+  uint32_t replica_num = 1;
   uint64_t put_id = 0;
-  std::vector<Replica> replicas;
+  PinMode pin = PinMode::kNone;
+  absl::Time put_deadline;
 };
 
 class IndexShard {
  public:
-  // Reserves `replica_num` ranges on distinct segments of `segments` (most free space first;
-  // fewer if fewer segments have room, at least one). AlreadyExists if the key is committed
-  // or being written; ResourceExhausted if no segment has room.
-  absl::StatusOr<ObjectView> Reserve(absl::string_view key, uint64_t size, uint32_t replica_num,
-                                     uint64_t put_id,
-                                     absl::Span<const std::shared_ptr<MountedSegment>> segments,
-                                     absl::Time put_deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reserves `replica_num` ranges on distinct segments, trying `segments` in the given
+  // order (fewer replicas if fewer segments have room; at least one). AlreadyExists if the
+  // key is committed or being written; ResourceExhausted if no segment has room.
+  absl::StatusOr<ObjectView> Reserve(absl::string_view key, const ReserveRequest& request,
+                                     absl::Span<const std::shared_ptr<MountedSegment>> segments)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Makes a reservation visible. NotFound unless `key` is reserved with `put_id`;
-  // OK if it is already committed with that id (a retried commit).
-  absl::Status Commit(absl::string_view key, uint64_t put_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes a reservation visible and returns it. NotFound unless `key` is reserved with
+  // `put_id`; a retried commit of the same reservation is OK.
+  absl::StatusOr<ObjectView> Commit(absl::string_view key, uint64_t put_id, uint64_t checksum,
+                                    absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees a reservation. NotFound unless `key` is reserved (not committed) with `put_id`.
   absl::Status Revoke(absl::string_view key, uint64_t put_id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A committed object with its live replicas. NotFound if absent, not yet committed, or
-  // every replica lives on a segment that went away.
-  absl::StatusOr<ObjectView> Lookup(absl::string_view key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A committed object with its live replicas; grants (extends) a lease until now + `lease`
+  // and counts as an access. NotFound if absent, not yet committed, or every replica lives
+  // on a segment that went away.
+  absl::StatusOr<ObjectView> Lookup(absl::string_view key, absl::Time now, absl::Duration lease)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Removes a committed object and frees its space. NotFound if there is none.
-  absl::Status Remove(absl::string_view key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Like Lookup, without copying anything out.
+  bool Exists(absl::string_view key, absl::Time now, absl::Duration lease) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Removes every committed object; returns how many.
-  uint64_t RemoveAll() ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes a committed object and frees its space. NotFound if there is none;
+  // FailedPrecondition (OBJECT_HAS_LEASE) if it is leased and not `force`.
+  absl::StatusOr<ObjectView> Remove(absl::string_view key, absl::Time now, bool force)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes every committed object (leased ones only if `force`) and returns them.
+  std::vector<ObjectView> RemoveAll(absl::Time now, bool force) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Eviction, one object at a time, least recently used first. Never leased, hard-pinned or
+  // pending objects; soft-pinned ones only if `soft_pinned_too`. Each looks at most
+  // `scan_limit` objects from the least recently used end.
+  // The access position (Object::last_access) of the object EvictOldest would take.
+  std::optional<uint64_t> OldestEvictable(absl::Time now, bool soft_pinned_too,
+                                          size_t scan_limit) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<ObjectView> EvictOldest(absl::Time now, bool soft_pinned_too, size_t scan_limit)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Frees reservations whose deadline passed; returns how many.
+  uint64_t ReclaimExpired(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops the replicas that live on removed segments; objects left without a replica are
   // erased (a writer of such a reservation gets NotFound at commit). Returns how many were.
   uint64_t DropRemovedReplicas() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // For a draining segment: drops its replicas of committed objects that are not leased
+  // (freeing their space; objects left without a replica are erased) and returns how many
+  // replicas it still holds (leased, or of objects being written).
+  uint64_t ReleaseReplicasOn(const MountedSegment& segment, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Adds a committed replica reported by a segment's manifest after a master restart.
+  // AlreadyExists if the key is known with a different size or checksum, or already has a
+  // replica on that segment.
+  // Takes the replica's range in its segment's allocator.
+  absl::Status Restore(absl::string_view key, uint64_t size, uint64_t checksum, PinMode pin,
+                       const Replica& replica) ABSL_LOCKS_EXCLUDED(mu_);
+
   struct Counts {
     uint64_t committed = 0;
     uint64_t pending = 0;
+    uint64_t soft_pinned = 0;
+    uint64_t hard_pinned = 0;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Committed objects whose lease has not run out (scans the shard).
+  uint64_t CountLeased(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  using Map = absl::flat_hash_map<std::string, Object>;
+  using Map = absl::node_hash_map<std::string, Object>;
 
+  static ObjectView View(const Object& object);
+  // Marks an access: the object becomes the most recently used.
+  void TouchLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Object* OldestEvictableLocked(absl::Time now, bool soft_pinned_too, size_t scan_limit) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Erases the object, returning its space to the allocators when `free_space`.
   void EraseLocked(Map::iterator it, bool free_space) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountPinLocked(PinMode pin, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   Map objects_ ABSL_GUARDED_BY(mu_);
+  // Pending objects, oldest deadline first (deadlines grow with insertion order).
+  ObjectList<Object> pending_ ABSL_GUARDED_BY(mu_);
+  // Committed objects, least recently used first.
+  ObjectList<Object> lru_ ABSL_GUARDED_BY(mu_);
   Counts counts_ ABSL_GUARDED_BY(mu_);
 };
 

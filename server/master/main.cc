@@ -38,8 +38,12 @@ ABSL_FLAG(int, data_threads, 2, "Data-plane threads of the embedded segment");
 ABSL_FLAG(uint32_t, max_key_bytes, 4096, "Longest key accepted");
 ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(60),
           "A reservation not committed (BatchPutEnd) within this time is reclaimed");
-ABSL_FLAG(absl::Duration, read_token_ttl, absl::Seconds(60),
-          "How long the read grant of a BatchGetReplicaList answer stays valid");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(10),
+          "A get or exist leases the object this long: not evicted, not removed unless forced");
+ABSL_FLAG(double, eviction_high_watermark, 0.95,
+          "Evict when used/capacity passes this fraction");
+ABSL_FLAG(double, eviction_ratio, 0.05,
+          "Fraction of the capacity each eviction round frees");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "Segment heartbeat interval");
 ABSL_FLAG(absl::Duration, segment_ttl, absl::Seconds(10),
           "A segment silent for this long is declared dead and its replicas dropped");
@@ -100,7 +104,9 @@ int main(int argc, char** argv) {
   kvpool::master::MasterOptions options;
   options.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
   options.put_timeout = absl::GetFlag(FLAGS_put_timeout);
-  options.read_token_ttl = absl::GetFlag(FLAGS_read_token_ttl);
+  options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.eviction_high_watermark = absl::GetFlag(FLAGS_eviction_high_watermark);
+  options.eviction_ratio = absl::GetFlag(FLAGS_eviction_ratio);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.segment_ttl = absl::GetFlag(FLAGS_segment_ttl);
   if (options.max_key_bytes == 0) return Fail(absl::InvalidArgumentError("--max-key-bytes is 0"));
@@ -108,6 +114,14 @@ int main(int argc, char** argv) {
       options.segment_ttl <= options.heartbeat_interval) {
     return Fail(absl::InvalidArgumentError(
         "--segment-ttl must be longer than --heartbeat-interval, which must be above 0"));
+  }
+  if (!(options.eviction_high_watermark > 0 && options.eviction_high_watermark <= 1) ||
+      !(options.eviction_ratio > 0 && options.eviction_ratio <= 1)) {
+    return Fail(absl::InvalidArgumentError(
+        "--eviction-high-watermark and --eviction-ratio must be in (0, 1]"));
+  }
+  if (options.lease_ttl <= absl::ZeroDuration() || options.put_timeout <= absl::ZeroDuration()) {
+    return Fail(absl::InvalidArgumentError("--lease-ttl and --put-timeout must be above 0"));
   }
   kvpool::master::Master master(options);
 
@@ -136,14 +150,29 @@ int main(int argc, char** argv) {
   }
 
   kvpool::HttpServer http;
-  http.Handle("/healthz", [] { return kvpool::HttpResponse{200, "text/plain", "ok\n"}; });
+  http.Handle("/healthz", [](const kvpool::HttpRequest&) {
+    return kvpool::HttpResponse{200, "text/plain", "ok\n"};
+  });
   std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   absl::StatusOr<uint16_t> http_port = http.Start(http_listen);
   if (!http_port.ok()) return Fail(http_port.status());
 
+  // One worker per background concern.
   kvpool::PeriodicWorker segment_monitor("segment-monitor", options.heartbeat_interval,
-                                         [&master] { master.ExpireSegments(); });
-  segment_monitor.Start();
+                                         [&master] {
+                                           master.ExpireSegments();
+                                           master.FinishDrains();
+                                         });
+  kvpool::PeriodicWorker reservation_reaper("reservation-reaper", absl::Seconds(1),
+                                            [&master] { master.ReclaimExpiredReservations(); });
+  kvpool::PeriodicWorker evictor("evictor", absl::Milliseconds(200),
+                                 [&master] { master.EvictIfAboveHighWatermark(); });
+  kvpool::PeriodicWorker manifest_ticker("manifest-sync", absl::Milliseconds(20),
+                                         [&master] { master.manifest_sync().Tick(absl::Now()); });
+  for (kvpool::PeriodicWorker* worker :
+       {&segment_monitor, &reservation_reaper, &evictor, &manifest_ticker}) {
+    worker->Start();
+  }
 
   std::printf(
       "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s\n",
@@ -155,7 +184,10 @@ int main(int argc, char** argv) {
 
   int signal_number = kvpool::WaitForShutdownSignal();
   KVPOOL_LOG(INFO) << "signal " << signal_number << "; stopping";
-  segment_monitor.Stop();
+  for (kvpool::PeriodicWorker* worker :
+       {&segment_monitor, &reservation_reaper, &evictor, &manifest_ticker}) {
+    worker->Stop();
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   http.Stop();
   if (embedded) embedded->server->Stop();

@@ -1,5 +1,7 @@
 #include "server/master/master.h"
 
+#include <algorithm>
+#include <queue>
 #include <random>
 
 #include "absl/hash/hash.h"
@@ -10,6 +12,10 @@
 
 namespace kvpool::master {
 namespace {
+
+// Objects eviction looks at from a shard's least recently used end before giving up on it
+// (all leased or pinned).
+constexpr size_t kEvictionScanLimit = 512;
 
 uint64_t RandomSeed() {
   std::random_device device;
@@ -22,10 +28,6 @@ Master::Master(MasterOptions options)
     : options_(std::move(options)), next_put_id_(RandomSeed() | 1) {}
 
 IndexShard& Master::ShardFor(absl::string_view key) {
-  return shards_[absl::HashOf(key) % kNumShards];
-}
-
-const IndexShard& Master::ShardFor(absl::string_view key) const {
   return shards_[absl::HashOf(key) % kNumShards];
 }
 
@@ -51,6 +53,8 @@ PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire:
   return placement;
 }
 
+// --- Segments ---
+
 absl::Status Master::MountSegment(SegmentInfo info) {
   std::string name = info.name;
   absl::StatusOr<SegmentRegistry::MountResult> mounted =
@@ -58,12 +62,46 @@ absl::Status Master::MountSegment(SegmentInfo info) {
   if (!mounted.ok()) return mounted.status();
   if (mounted->replaced) {
     KVPOOL_LOG(WARNING) << "segment " << name << " restarted; dropping the replicas it held";
+    manifest_sync_.Untrack(*mounted->replaced);
     DropRemovedReplicas();
   }
   if (!mounted->already_mounted) {
-    KVPOOL_LOG(INFO) << "mounted segment " << name << " ("
-                     << mounted->segment->allocator().capacity() << " bytes at "
-                     << mounted->segment->info().endpoint << ")";
+    const MountedSegment& segment = *mounted->segment;
+    if (!segment.info().embedded) manifest_sync_.Track(segment.id());
+    KVPOOL_LOG(INFO) << "mounted segment " << name << " (" << segment.allocator().capacity()
+                     << " bytes at " << segment.info().endpoint << ")"
+                     << (segment.restoring() ? ", restoring its manifest" : "");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> Master::RestoreManifest(
+    const std::string& name, uint64_t incarnation, absl::Span<const ManifestRecord> records) {
+  std::shared_ptr<MountedSegment> segment = segments_.Find(name, incarnation);
+  if (segment == nullptr) {
+    return absl::NotFoundError(absl::StrCat("segment ", name, " is not mounted"));
+  }
+  std::vector<std::string> refused;
+  for (const ManifestRecord& record : records) {
+    absl::Status restored =
+        record.size == 0 || ValidateKey(record.key).ok()
+            ? ShardFor(record.key).Restore(record.key, record.size, record.checksum, record.pin,
+                                           Replica{segment, record.offset})
+            : absl::InvalidArgumentError("bad key");
+    if (!restored.ok()) refused.push_back(record.key);
+  }
+  return refused;
+}
+
+absl::Status Master::FinishRestore(const std::string& name, uint64_t incarnation) {
+  std::shared_ptr<MountedSegment> segment = segments_.Find(name, incarnation);
+  if (segment == nullptr) {
+    return absl::NotFoundError(absl::StrCat("segment ", name, " is not mounted"));
+  }
+  if (segment->restoring()) {
+    segment->FinishRestoring();
+    KVPOOL_LOG(INFO) << "segment " << name << " restored " << segment->replica_count()
+                     << " objects from its manifest";
   }
   return absl::OkStatus();
 }
@@ -71,14 +109,31 @@ absl::Status Master::MountSegment(SegmentInfo info) {
 absl::StatusOr<uint64_t> Master::UnmountSegment(const std::string& name, uint64_t incarnation) {
   absl::StatusOr<SegmentId> removed = segments_.Unmount(name, incarnation);
   if (!removed.ok()) return removed.status();
+  manifest_sync_.Untrack(*removed);
   uint64_t dropped = DropRemovedReplicas();
   KVPOOL_LOG(INFO) << "unmounted segment " << name << "; " << dropped
                    << " objects lost their last replica";
   return dropped;
 }
 
-bool Master::Heartbeat(const std::string& name, uint64_t incarnation) {
-  return segments_.Heartbeat(name, incarnation, options_.clock());
+Master::HeartbeatReply Master::Heartbeat(const std::string& name, uint64_t incarnation) {
+  HeartbeatReply reply;
+  reply.segment = segments_.Heartbeat(name, incarnation, options_.clock());
+  reply.known = reply.segment.has_value();
+  reply.drained = !reply.known && segments_.WasDrained(name, incarnation);
+  return reply;
+}
+
+absl::Status Master::DrainSegment(const std::string& name) {
+  std::shared_ptr<MountedSegment> segment = segments_.FindByName(name);
+  if (segment == nullptr) {
+    return ErrorStatus(v1::SEGMENT_NOT_FOUND, absl::StrCat("no segment named ", name));
+  }
+  if (!segment->draining()) {
+    segment->MarkDraining();
+    KVPOOL_LOG(INFO) << "draining segment " << name << ": no new objects go there";
+  }
+  return absl::OkStatus();
 }
 
 size_t Master::ExpireSegments() {
@@ -87,9 +142,32 @@ size_t Master::ExpireSegments() {
   for (const auto& segment : expired) {
     KVPOOL_LOG(WARNING) << "segment " << segment->info().name << " missed heartbeats for "
                         << options_.segment_ttl << "; declared dead";
+    manifest_sync_.Untrack(segment->id());
   }
-  if (!expired.empty()) DropRemovedReplicas();
+  if (!expired.empty()) {
+    counters_.segments_expired.fetch_add(expired.size());
+    DropRemovedReplicas();
+  }
   return expired.size();
+}
+
+size_t Master::FinishDrains() {
+  size_t finished = 0;
+  absl::Time now = options_.clock();
+  for (const std::shared_ptr<MountedSegment>& segment : segments_.List()) {
+    if (!segment->draining()) continue;
+    uint64_t held = 0;
+    for (IndexShard& shard : shards_) held += shard.ReleaseReplicasOn(*segment, now);
+    if (held > 0) continue;  // leased or being written: wait for the next round
+    const SegmentInfo& info = segment->info();
+    if (segments_.Unmount(info.name, info.incarnation, /*drained=*/true).ok()) {
+      manifest_sync_.Untrack(segment->id());
+      DropRemovedReplicas();
+      KVPOOL_LOG(INFO) << "segment " << info.name << " drained and unmounted";
+      ++finished;
+    }
+  }
+  return finished;
 }
 
 uint64_t Master::DropRemovedReplicas() {
@@ -98,20 +176,61 @@ uint64_t Master::DropRemovedReplicas() {
   return dropped;
 }
 
+// --- Objects ---
+
 absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
-    absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes, uint32_t replica_num) {
+    absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
+    const PutStartOptions& options) {
   if (keys.size() != sizes.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(keys.size(), " keys but ", sizes.size(), " sizes"));
   }
-  replica_num = std::max<uint32_t>(replica_num, 1);
   absl::Time now = options_.clock();
-  absl::Time expiry = now + options_.put_timeout;
-  std::vector<std::shared_ptr<MountedSegment>> segments = segments_.List();
+  ReserveRequest request;
+  request.replica_num = std::max<uint32_t>(options.replica_num, 1);
+  request.pin = options.pin;
+  request.put_deadline = now + options_.put_timeout;
+
+  // Free space per segment, estimated once per batch and kept up to date as keys land, so
+  // that the keys of one batch spread over the segments.
+  struct Candidate {
+    std::shared_ptr<MountedSegment> segment;
+    bool preferred = false;
+    uint64_t free = 0;
+  };
+  std::vector<Candidate> candidates;
   uint64_t largest = 0;
-  for (const auto& segment : segments) {
-    largest = std::max(largest, segment->allocator().capacity());
-  }
+  auto refresh = [&] {
+    candidates.clear();
+    largest = 0;
+    for (std::shared_ptr<MountedSegment>& segment : segments_.List()) {
+      if (!segment->accepts_writes()) continue;
+      const RangeAllocator& allocator = segment->allocator();
+      largest = std::max(largest, allocator.capacity());
+      bool preferred = !options.preferred_host.empty() &&
+                       segment->info().host == options.preferred_host;
+      candidates.push_back({std::move(segment), preferred, allocator.capacity() - allocator.used()});
+    }
+  };
+  refresh();
+  auto reserve = [&](const std::string& key) {
+    std::stable_sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return a.preferred != b.preferred ? a.preferred : a.free > b.free;
+    });
+    std::vector<std::shared_ptr<MountedSegment>> order;
+    for (const Candidate& candidate : candidates) order.push_back(candidate.segment);
+    absl::StatusOr<ObjectView> reserved = ShardFor(key).Reserve(key, request, order);
+    if (reserved.ok()) {
+      for (const Replica& replica : reserved->replicas) {
+        for (Candidate& candidate : candidates) {
+          if (candidate.segment == replica.segment) {
+            candidate.free -= std::min(candidate.free, RangeAllocator::Rounded(request.size));
+          }
+        }
+      }
+    }
+    return reserved;
+  };
 
   std::vector<PutStartResult> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -122,8 +241,8 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       result.status = ErrorStatus(v1::INVALID_PARAMS, "size is 0");
       continue;
     }
-    if (segments.empty()) {
-      result.status = ErrorStatus(v1::NO_AVAILABLE_HANDLE, "no segment is mounted");
+    if (candidates.empty()) {
+      result.status = ErrorStatus(v1::NO_AVAILABLE_HANDLE, "no segment takes new objects");
       continue;
     }
     if (sizes[i] > largest) {
@@ -132,31 +251,61 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
                                            largest, " bytes)"));
       continue;
     }
-    uint64_t put_id = next_put_id_.fetch_add(1);
-    // Step P1: reserve space on distinct segments.
-    absl::StatusOr<ObjectView> reserved =
-        ShardFor(keys[i]).Reserve(keys[i], sizes[i], replica_num, put_id, segments, expiry);
+    request.size = sizes[i];
+    request.put_id = next_put_id_.fetch_add(1);
+    // Step P1: reserve space on distinct segments, evicting once if there is none.
+    absl::StatusOr<ObjectView> reserved = reserve(keys[i]);
+    if (reserved.status().code() == absl::StatusCode::kResourceExhausted) {
+      uint64_t capacity = 0;
+      for (const Candidate& candidate : candidates) capacity += candidate.segment->allocator().capacity();
+      uint64_t wanted = std::max<uint64_t>(
+          RangeAllocator::Rounded(sizes[i]) * request.replica_num,
+          static_cast<uint64_t>(options_.eviction_ratio * static_cast<double>(capacity)));
+      // Unpinned objects first; soft-pinned ones only when nothing else makes room.
+      for (bool soft_pinned_too : {false, true}) {
+        if (reserved.ok() || Evict(wanted, soft_pinned_too) == 0) continue;
+        refresh();
+        reserved = reserve(keys[i]);
+      }
+    }
     if (!reserved.ok()) {
-      result.status = reserved.status();
+      result.status = reserved.status().code() == absl::StatusCode::kResourceExhausted
+                          ? ErrorStatus(v1::NO_AVAILABLE_HANDLE, reserved.status().message())
+                          : reserved.status();
       continue;
     }
-    result.put_id = put_id;
+    result.put_id = request.put_id;
     for (const Replica& replica : reserved->replicas) {
-      result.placements.push_back(MakePlacement(replica, sizes[i], wire::Opcode::kWrite, expiry));
+      result.placements.push_back(
+          MakePlacement(replica, sizes[i], wire::Opcode::kWrite, request.put_deadline));
     }
   }
   return results;
 }
 
-std::vector<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
-  std::vector<absl::Status> results;
-  results.reserve(puts.size());
+Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
+  Durable<absl::Status> durable;
+  durable.results.reserve(puts.size());
+  absl::Time now = options_.clock();
   for (const PutRef& put : puts) {
     absl::Status valid = ValidateKey(put.key);
-    // Step P3: the object becomes visible.
-    results.push_back(valid.ok() ? ShardFor(put.key).Commit(put.key, put.put_id) : valid);
+    if (!valid.ok()) {
+      durable.results.push_back(valid);
+      continue;
+    }
+    // Step P3: the object becomes visible, and goes into its segments' manifests.
+    absl::StatusOr<ObjectView> committed =
+        ShardFor(put.key).Commit(put.key, put.put_id, put.checksum, now);
+    durable.results.push_back(committed.status());
+    if (!committed.ok()) continue;
+    for (const Replica& replica : committed->replicas) {
+      manifest_sync_.Append(replica.segment->id(),
+                            ManifestRecord{ManifestRecord::Kind::kAdd, put.key, replica.offset,
+                                           committed->size, committed->checksum, committed->pin},
+                            &durable.ticket);
+    }
   }
-  return results;
+  return durable;
 }
 
 std::vector<absl::Status> Master::BatchPutRevoke(absl::Span<const PutRef> puts) {
@@ -170,27 +319,31 @@ std::vector<absl::Status> Master::BatchPutRevoke(absl::Span<const PutRef> puts) 
 }
 
 std::vector<GetResult> Master::BatchGetReplicaList(absl::Span<const std::string> keys) {
-  absl::Time expiry = options_.clock() + options_.read_token_ttl;
+  absl::Time now = options_.clock();
   std::vector<GetResult> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     GetResult& result = results[i];
     result.status = ValidateKey(keys[i]);
     if (!result.status.ok()) continue;
-    // Step G1: committed replicas, with read tokens.
-    absl::StatusOr<ObjectView> object = ShardFor(keys[i]).Lookup(keys[i]);
+    // Step G1: committed replicas under a lease, with read tokens that expire with it.
+    absl::StatusOr<ObjectView> object = ShardFor(keys[i]).Lookup(keys[i], now, options_.lease_ttl);
     if (!object.ok()) {
       result.status = object.status();
       continue;
     }
     result.size = object->size;
+    result.checksum = object->checksum;
+    result.lease_expiry = object->lease_expiry;
     for (const Replica& replica : object->replicas) {
-      result.replicas.push_back(MakePlacement(replica, object->size, wire::Opcode::kRead, expiry));
+      result.replicas.push_back(
+          MakePlacement(replica, object->size, wire::Opcode::kRead, object->lease_expiry));
     }
   }
   return results;
 }
 
 std::vector<absl::StatusOr<bool>> Master::BatchExist(absl::Span<const std::string> keys) {
+  absl::Time now = options_.clock();
   std::vector<absl::StatusOr<bool>> results;
   results.reserve(keys.size());
   for (const std::string& key : keys) {
@@ -199,26 +352,113 @@ std::vector<absl::StatusOr<bool>> Master::BatchExist(absl::Span<const std::strin
       results.push_back(valid);
       continue;
     }
-    results.push_back(ShardFor(key).Lookup(key).ok());
+    results.push_back(ShardFor(key).Exists(key, now, options_.lease_ttl));
   }
   return results;
 }
 
-std::vector<absl::Status> Master::BatchRemove(absl::Span<const std::string> keys) {
-  std::vector<absl::Status> results;
-  results.reserve(keys.size());
+void Master::ForgetOnSegments(absl::Span<const ObjectView> removed, ManifestSync::Ticket* ticket) {
+  for (const ObjectView& object : removed) {
+    for (const Replica& replica : object.replicas) {
+      manifest_sync_.Append(
+          replica.segment->id(),
+          ManifestRecord{ManifestRecord::Kind::kForget, object.key, replica.offset, object.size},
+          ticket);
+    }
+  }
+}
+
+Durable<absl::Status> Master::BatchRemove(absl::Span<const std::string> keys, bool force) {
+  Durable<absl::Status> durable;
+  durable.results.reserve(keys.size());
+  absl::Time now = options_.clock();
   for (const std::string& key : keys) {
     absl::Status valid = ValidateKey(key);
-    results.push_back(valid.ok() ? ShardFor(key).Remove(key) : valid);
+    if (!valid.ok()) {
+      durable.results.push_back(valid);
+      continue;
+    }
+    absl::StatusOr<ObjectView> removed = ShardFor(key).Remove(key, now, force);
+    durable.results.push_back(removed.status());
+    if (removed.ok()) ForgetOnSegments(absl::MakeConstSpan(&*removed, 1), &durable.ticket);
   }
-  return results;
+  return durable;
 }
 
-uint64_t Master::RemoveAll() {
+Durable<uint64_t> Master::RemoveAll(bool force) {
+  Durable<uint64_t> durable;
+  absl::Time now = options_.clock();
   uint64_t removed = 0;
-  for (IndexShard& shard : shards_) removed += shard.RemoveAll();
-  return removed;
+  for (IndexShard& shard : shards_) {
+    std::vector<ObjectView> objects = shard.RemoveAll(now, force);
+    removed += objects.size();
+    ForgetOnSegments(objects, &durable.ticket);
+  }
+  durable.results.push_back(removed);
+  return durable;
 }
+
+// --- Eviction and reclaim ---
+
+uint64_t Master::Evict(uint64_t bytes, bool soft_pinned_too) {
+  absl::Time now = options_.clock();
+  // Every shard keeps its objects in access order, so the globally least recently used
+  // evictable object is the oldest of the shards' oldest: merge them with a heap.
+  using Head = std::pair<uint64_t, size_t>;  // (last access, shard)
+  std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+  auto peek = [&](size_t shard) {
+    if (std::optional<uint64_t> oldest =
+            shards_[shard].OldestEvictable(now, soft_pinned_too, kEvictionScanLimit)) {
+      heads.emplace(*oldest, shard);
+    }
+  };
+  for (size_t shard = 0; shard < kNumShards; ++shard) peek(shard);
+  uint64_t freed = 0;
+  uint64_t objects = 0;
+  while (freed < bytes && !heads.empty()) {
+    size_t shard = heads.top().second;
+    heads.pop();
+    if (std::optional<ObjectView> evicted =
+            shards_[shard].EvictOldest(now, soft_pinned_too, kEvictionScanLimit)) {
+      freed += RangeAllocator::Rounded(evicted->size) * evicted->replicas.size();
+      ++objects;
+      ForgetOnSegments(absl::MakeConstSpan(&*evicted, 1), nullptr);
+    }
+    peek(shard);
+  }
+  if (objects > 0) {
+    counters_.evicted_objects.fetch_add(objects);
+    counters_.evicted_bytes.fetch_add(freed);
+    KVPOOL_LOG(DEBUG) << "evicted " << objects << " objects (" << freed << " bytes)";
+  }
+  return freed;
+}
+
+uint64_t Master::EvictIfAboveHighWatermark() {
+  ClusterSummary summary = GetClusterSummary();
+  double capacity = static_cast<double>(summary.capacity_bytes);
+  if (capacity == 0 ||
+      static_cast<double>(summary.used_bytes) <= options_.eviction_high_watermark * capacity) {
+    return 0;
+  }
+  // Soft-pinned objects are left alone here: they go only when an allocation fails.
+  return Evict(static_cast<uint64_t>(options_.eviction_ratio * capacity), false);
+}
+
+uint64_t Master::ReclaimExpiredReservations() {
+  absl::Time now = options_.clock();
+  uint64_t reclaimed = 0;
+  for (IndexShard& shard : shards_) reclaimed += shard.ReclaimExpired(now);
+  if (reclaimed > 0) {
+    counters_.reclaimed_reservations.fetch_add(reclaimed);
+    KVPOOL_LOG(INFO) << "reclaimed " << reclaimed
+                     << " reservations whose writers never committed within "
+                     << options_.put_timeout;
+  }
+  return reclaimed;
+}
+
+// --- Status ---
 
 ClusterSummary Master::GetClusterSummary() const {
   ClusterSummary summary;
@@ -232,6 +472,8 @@ ClusterSummary Master::GetClusterSummary() const {
     s.used_bytes = segment->allocator().used();
     s.replicas = segment->replica_count();
     s.embedded = segment->info().embedded;
+    s.draining = segment->draining();
+    s.restoring = segment->restoring();
     s.heartbeat_age = s.embedded ? absl::ZeroDuration() : now - segment->last_heartbeat();
     summary.capacity_bytes += s.capacity_bytes;
     summary.used_bytes += s.used_bytes;
@@ -241,8 +483,17 @@ ClusterSummary Master::GetClusterSummary() const {
     IndexShard::Counts counts = shard.counts();
     summary.objects += counts.committed;
     summary.pending_objects += counts.pending;
+    summary.soft_pinned += counts.soft_pinned;
+    summary.hard_pinned += counts.hard_pinned;
   }
   return summary;
+}
+
+uint64_t Master::CountLeased() const {
+  absl::Time now = options_.clock();
+  uint64_t leased = 0;
+  for (const IndexShard& shard : shards_) leased += shard.CountLeased(now);
+  return leased;
 }
 
 }  // namespace kvpool::master

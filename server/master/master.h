@@ -6,14 +6,15 @@
 //
 // Life of a put: BatchPutStart reserves space and mints write tokens (step P1), the client
 // writes the bytes (P2), BatchPutEnd commits (P3). Life of a get: BatchGetReplicaList
-// answers placements with read tokens (G1), the client reads the bytes (G2).
-// docs/data_path.md follows the same steps.
+// answers placements with read tokens and grants a lease (G1), the client reads (G2).
+// docs/data_path.md follows the same steps; docs/semantics.md explains every answer.
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "absl/types/span.h"
 #include "proto/frame.h"
 #include "server/master/index_shard.h"
+#include "server/master/manifest_sync.h"
 #include "server/master/segment_registry.h"
 
 namespace kvpool::master {
@@ -31,11 +33,19 @@ struct MasterOptions {
   uint32_t max_key_bytes = 4096;
   // A reservation not committed within this time is reclaimed; write tokens expire with it.
   absl::Duration put_timeout = absl::Seconds(60);
-  // How long a read token from BatchGetReplicaList stays valid.
-  absl::Duration read_token_ttl = absl::Seconds(60);
+  // A get or exist leases the object for this long: it is neither evicted nor removed
+  // (unless forced) meanwhile, and read tokens are valid as long.
+  absl::Duration lease_ttl = absl::Seconds(10);
   // Told to segments at mount; a segment silent for segment_ttl is declared dead.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration segment_ttl = absl::Seconds(10);
+  // Eviction starts when used/capacity passes the high-water mark, and each round (and each
+  // failed allocation) frees this fraction of the capacity.
+  double eviction_high_watermark = 0.95;
+  double eviction_ratio = 0.05;
+  // How long BatchPutEnd and BatchRemove wait for segments to record the change in their
+  // manifests (what lets the index be rebuilt after a master restart).
+  absl::Duration manifest_sync_timeout = absl::Seconds(2);
   // Time source; tests inject their own.
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
@@ -50,6 +60,13 @@ struct PlacementView {
   wire::Token token{};
 };
 
+struct PutStartOptions {
+  uint32_t replica_num = 1;
+  PinMode pin = PinMode::kNone;
+  // Segments on this host are tried first (the writer's own host, when it asks).
+  std::string preferred_host;
+};
+
 struct PutStartResult {
   // OK, AlreadyExists (dedup), ResourceExhausted (pressure), InvalidArgument (bad key/size).
   absl::Status status;
@@ -60,13 +77,25 @@ struct PutStartResult {
 struct PutRef {
   std::string key;
   uint64_t put_id = 0;
+  uint64_t checksum = 0;
 };
 
 struct GetResult {
   // OK, NotFound, or InvalidArgument for a bad key.
   absl::Status status;
   uint64_t size = 0;
+  uint64_t checksum = 0;
+  // Until when the lease granted with this answer lasts.
+  absl::Time lease_expiry;
   std::vector<PlacementView> replicas;
+};
+
+// Results of a batch that changes objects, and the manifest records to wait for before
+// answering (see ManifestSync): empty when nothing needs to reach a segment.
+template <typename T>
+struct Durable {
+  std::vector<T> results;
+  ManifestSync::Ticket ticket;
 };
 
 struct SegmentSummary {
@@ -77,6 +106,8 @@ struct SegmentSummary {
   uint64_t used_bytes = 0;
   uint64_t replicas = 0;
   bool embedded = false;
+  bool draining = false;
+  bool restoring = false;
   absl::Duration heartbeat_age;
 };
 
@@ -85,7 +116,17 @@ struct ClusterSummary {
   uint64_t used_bytes = 0;
   uint64_t objects = 0;
   uint64_t pending_objects = 0;
+  uint64_t soft_pinned = 0;
+  uint64_t hard_pinned = 0;
   std::vector<SegmentSummary> segments;
+};
+
+// Cumulative counts of background events, for metrics.
+struct MasterCounters {
+  std::atomic<uint64_t> evicted_objects{0};
+  std::atomic<uint64_t> evicted_bytes{0};
+  std::atomic<uint64_t> reclaimed_reservations{0};
+  std::atomic<uint64_t> segments_expired{0};
 };
 
 class Master {
@@ -95,47 +136,83 @@ class Master {
   explicit Master(MasterOptions options = {});
 
   const MasterOptions& options() const { return options_; }
+  const MasterCounters& counters() const { return counters_; }
+  ManifestSync& manifest_sync() { return manifest_sync_; }
 
   // --- Segments ---
   // InvalidArgument for a malformed mount. Mounting a new incarnation under a known name
   // drops the objects of the old one.
   absl::Status MountSegment(SegmentInfo info);
+  // Rebuilds index entries from a segment's manifest (after a master restart). Returns the
+  // keys refused (conflicting with what the index already holds); the segment forgets them.
+  absl::StatusOr<std::vector<std::string>> RestoreManifest(
+      const std::string& name, uint64_t incarnation, absl::Span<const ManifestRecord> records);
+  // The manifest is complete: the segment takes new objects from now on.
+  absl::Status FinishRestore(const std::string& name, uint64_t incarnation);
   // NotFound unless mounted with this incarnation. Returns the objects dropped with it.
   absl::StatusOr<uint64_t> UnmountSegment(const std::string& name, uint64_t incarnation);
-  // False if the segment is unknown (it should mount again).
-  bool Heartbeat(const std::string& name, uint64_t incarnation);
+  struct HeartbeatReply {
+    std::optional<SegmentId> segment;
+    bool known = false;
+    // The segment was drained and unmounted: it should stop.
+    bool drained = false;
+  };
+  HeartbeatReply Heartbeat(const std::string& name, uint64_t incarnation);
+  // Stops placing objects on a segment; once nothing on it is leased or being written, its
+  // replicas are dropped and it is unmounted (FinishDrains). NotFound for an unknown name.
+  absl::Status DrainSegment(const std::string& name);
   // Declares dead the segments silent for longer than segment_ttl; returns how many.
   size_t ExpireSegments();
+  // Unmounts draining segments that hold nothing leased or pending any more.
+  size_t FinishDrains();
 
   // --- Objects: one result per key, in order ---
   // InvalidArgument (whole call) if keys and sizes differ in length.
   absl::StatusOr<std::vector<PutStartResult>> BatchPutStart(absl::Span<const std::string> keys,
                                                             absl::Span<const uint64_t> sizes,
-                                                            uint32_t replica_num);
-  std::vector<absl::Status> BatchPutEnd(absl::Span<const PutRef> puts);
+                                                            const PutStartOptions& options);
+  Durable<absl::Status> BatchPutEnd(absl::Span<const PutRef> puts);
   std::vector<absl::Status> BatchPutRevoke(absl::Span<const PutRef> puts);
   std::vector<GetResult> BatchGetReplicaList(absl::Span<const std::string> keys);
-  // True/false per key, or InvalidArgument for a bad key.
+  // True/false per key (a true grants a lease), or InvalidArgument for a bad key.
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
-  std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys);
-  uint64_t RemoveAll();
+  Durable<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force);
+  Durable<uint64_t> RemoveAll(bool force);
+
+  // --- Background work, one worker each ---
+  // Evicts eviction_ratio of the capacity if usage is above the high-water mark.
+  uint64_t EvictIfAboveHighWatermark();
+  // Frees reservations whose writers never committed within put_timeout.
+  uint64_t ReclaimExpiredReservations();
 
   ClusterSummary GetClusterSummary() const;
+  // Committed objects under a lease now (scans the index).
+  uint64_t CountLeased() const;
 
  private:
   IndexShard& ShardFor(absl::string_view key);
-  const IndexShard& ShardFor(absl::string_view key) const;
   // InvalidArgument (INVALID_KEY) for an empty or too long key.
   absl::Status ValidateKey(absl::string_view key) const;
   PlacementView MakePlacement(const Replica& replica, uint64_t size, wire::Opcode opcode,
                               absl::Time expiry) const;
+  // Segments to try for a new object: the preferred host's first, then most free space.
+  std::vector<std::shared_ptr<MountedSegment>> PlacementOrder(
+      absl::Span<const std::shared_ptr<MountedSegment>> segments,
+      const std::string& preferred_host) const;
+  // Evicts least recently used objects until at least `bytes` are freed or nothing more may
+  // go (soft-pinned ones only if `soft_pinned_too`); returns the bytes freed.
+  uint64_t Evict(uint64_t bytes, bool soft_pinned_too);
+  // Queues "forget" records for removed objects on their segments.
+  void ForgetOnSegments(absl::Span<const ObjectView> removed, ManifestSync::Ticket* ticket);
   // Returns the number of objects that lost their last replica.
   uint64_t DropRemovedReplicas();
 
   const MasterOptions options_;
   SegmentRegistry segments_;
+  ManifestSync manifest_sync_;
   std::array<IndexShard, kNumShards> shards_;
   std::atomic<uint64_t> next_put_id_;
+  MasterCounters counters_;
 };
 
 }  // namespace kvpool::master

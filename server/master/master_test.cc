@@ -30,17 +30,29 @@ class MasterTest : public ::testing::Test {
     return info;
   }
 
-  PutStartResult PutStart(const std::string& key, uint64_t size, uint32_t replicas = 1) {
+  PutStartResult PutStart(const std::string& key, uint64_t size, uint32_t replicas = 1,
+                          PinMode pin = PinMode::kNone) {
     std::vector<std::string> keys = {key};
     std::vector<uint64_t> sizes = {size};
-    return std::move(master_.BatchPutStart(keys, sizes, replicas).value()[0]);
+    return std::move(
+        master_.BatchPutStart(keys, sizes, {.replica_num = replicas, .pin = pin}).value()[0]);
   }
 
-  absl::Status Put(const std::string& key, uint64_t size) {
-    PutStartResult started = PutStart(key, size);
-    if (!started.status.ok()) return started.status;
-    return master_.BatchPutEnd({PutRef{key, started.put_id}})[0];
+  absl::Status Commit(const std::string& key, uint64_t put_id) {
+    return master_.BatchPutEnd({PutRef{key, put_id}}).results[0];
   }
+
+  absl::Status Put(const std::string& key, uint64_t size, PinMode pin = PinMode::kNone) {
+    PutStartResult started = PutStart(key, size, 1, pin);
+    if (!started.status.ok()) return started.status;
+    return Commit(key, started.put_id);
+  }
+
+  absl::Status Remove(const std::string& key, bool force = false) {
+    return master_.BatchRemove({key}, force).results[0];
+  }
+
+  bool Exists(const std::string& key) { return *master_.BatchExist({key})[0]; }
 
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   std::map<std::string, std::string> secrets_;
@@ -59,7 +71,7 @@ TEST_F(MasterTest, TwoPhasePutIsInvisibleUntilCommitted) {
   EXPECT_EQ(master_.BatchGetReplicaList({"k"})[0].status.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(master_.GetClusterSummary().pending_objects, 1u);
 
-  ASSERT_TRUE(master_.BatchPutEnd({PutRef{"k", started.put_id}})[0].ok());
+  ASSERT_TRUE(Commit("k", started.put_id).ok());
   EXPECT_TRUE(*master_.BatchExist({"k"})[0]);
   GetResult got = master_.BatchGetReplicaList({"k"})[0];
   ASSERT_TRUE(got.status.ok());
@@ -90,13 +102,13 @@ TEST_F(MasterTest, TokensGrantExactlyThePlacementToItsSegment) {
 TEST_F(MasterTest, CommitAndRevokeNeedTheReservationsPutId) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   PutStartResult started = PutStart("k", 100);
-  EXPECT_EQ(master_.BatchPutEnd({PutRef{"k", started.put_id + 1}})[0].code(),
+  EXPECT_EQ(Commit("k", started.put_id + 1).code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(master_.BatchPutRevoke({PutRef{"k", started.put_id + 1}})[0].code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"k", started.put_id}})[0].ok());
   EXPECT_EQ(master_.GetClusterSummary().used_bytes, 0u);
-  EXPECT_EQ(master_.BatchPutEnd({PutRef{"k", started.put_id}})[0].code(),
+  EXPECT_EQ(Commit("k", started.put_id).code(),
             absl::StatusCode::kNotFound);
   EXPECT_FALSE(*master_.BatchExist({"k"})[0]);
 }
@@ -106,7 +118,7 @@ TEST_F(MasterTest, DedupAnswersAlreadyExistsForCommittedAndInFlightKeys) {
   PutStartResult first = PutStart("k", 100);
   ASSERT_TRUE(first.status.ok());
   EXPECT_EQ(ToErrorCode(PutStart("k", 100).status), v1::OBJECT_ALREADY_EXISTS);
-  ASSERT_TRUE(master_.BatchPutEnd({PutRef{"k", first.put_id}})[0].ok());
+  ASSERT_TRUE(Commit("k", first.put_id).ok());
   PutStartResult again = PutStart("k", 100);
   EXPECT_EQ(ToErrorCode(again.status), v1::OBJECT_ALREADY_EXISTS);
   EXPECT_TRUE(again.placements.empty());
@@ -116,7 +128,7 @@ TEST_F(MasterTest, BadKeysAndSizesGetPerKeyErrorsWhileTheBatchProceeds) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   std::vector<std::string> keys = {"", std::string(65, 'x'), "zero", "huge", "fine"};
   std::vector<uint64_t> sizes = {1, 1, 0, 2 << 20, 10};
-  std::vector<PutStartResult> results = master_.BatchPutStart(keys, sizes, 1).value();
+  std::vector<PutStartResult> results = master_.BatchPutStart(keys, sizes, {}).value();
   EXPECT_EQ(ToErrorCode(results[0].status), v1::INVALID_KEY);
   EXPECT_EQ(ToErrorCode(results[1].status), v1::INVALID_KEY);
   EXPECT_EQ(ToErrorCode(results[2].status), v1::INVALID_PARAMS);
@@ -125,7 +137,7 @@ TEST_F(MasterTest, BadKeysAndSizesGetPerKeyErrorsWhileTheBatchProceeds) {
   EXPECT_TRUE(results[4].status.ok());
 
   std::vector<uint64_t> short_sizes = {1};
-  EXPECT_EQ(master_.BatchPutStart(keys, short_sizes, 1).status().code(),
+  EXPECT_EQ(master_.BatchPutStart(keys, short_sizes, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToErrorCode(master_.BatchExist({""})[0].status()), v1::INVALID_KEY);
 }
@@ -134,7 +146,7 @@ TEST_F(MasterTest, FullPoolAnswersNoAvailableHandlePerKey) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 4096)).ok());
   std::vector<std::string> keys = {"a", "b", "c"};
   std::vector<uint64_t> sizes = {2048, 2048, 64};
-  std::vector<PutStartResult> results = master_.BatchPutStart(keys, sizes, 1).value();
+  std::vector<PutStartResult> results = master_.BatchPutStart(keys, sizes, {}).value();
   EXPECT_TRUE(results[0].status.ok());
   EXPECT_TRUE(results[1].status.ok());
   EXPECT_EQ(ToErrorCode(results[2].status), v1::NO_AVAILABLE_HANDLE);
@@ -162,10 +174,10 @@ TEST_F(MasterTest, RemoveFreesSpaceAndRemoveAllLeavesReservations) {
   ASSERT_TRUE(Put("x", 1000).ok());
   ASSERT_TRUE(Put("y", 1000).ok());
   PutStartResult pending = PutStart("z", 1000);
-  EXPECT_TRUE(master_.BatchRemove({"x"})[0].ok());
-  EXPECT_EQ(master_.BatchRemove({"x"})[0].code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(master_.BatchRemove({"z"})[0].code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(master_.RemoveAll(), 1u);
+  EXPECT_TRUE(Remove("x").ok());
+  EXPECT_EQ(Remove("x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Remove("z").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(master_.RemoveAll(false).results[0], 1u);
   ClusterSummary summary = master_.GetClusterSummary();
   EXPECT_EQ(summary.objects, 0u);
   EXPECT_EQ(summary.pending_objects, 1u);
@@ -178,19 +190,19 @@ TEST_F(MasterTest, SilentSegmentIsDeclaredDeadAfterTheTtlWithItsObjects) {
   std::vector<std::string> keys = {"both", "only"};
   std::vector<uint64_t> sizes = {100, 100};
   PutStartResult both = PutStart("both", 100, 2);
-  ASSERT_TRUE(master_.BatchPutEnd({PutRef{"both", both.put_id}})[0].ok());
+  ASSERT_TRUE(Commit("both", both.put_id).ok());
   PutStartResult only = PutStart("only", 100);
-  ASSERT_TRUE(master_.BatchPutEnd({PutRef{"only", only.put_id}})[0].ok());
+  ASSERT_TRUE(Commit("only", only.put_id).ok());
   std::string lost_segment = only.placements[0].segment_name;
   std::string kept_segment = lost_segment == "a" ? "b" : "a";
 
   now_ += absl::Seconds(8);
-  EXPECT_TRUE(master_.Heartbeat(kept_segment, 1));
-  EXPECT_FALSE(master_.Heartbeat("nobody", 1));
-  EXPECT_FALSE(master_.Heartbeat(kept_segment, 2));  // wrong incarnation
+  EXPECT_TRUE(master_.Heartbeat(kept_segment, 1).known);
+  EXPECT_FALSE(master_.Heartbeat("nobody", 1).known);
+  EXPECT_FALSE(master_.Heartbeat(kept_segment, 2).known);  // wrong incarnation
   now_ += absl::Seconds(3);
   EXPECT_EQ(master_.ExpireSegments(), 1u);
-  EXPECT_FALSE(master_.Heartbeat(lost_segment, 1));  // told to mount again
+  EXPECT_FALSE(master_.Heartbeat(lost_segment, 1).known);  // told to mount again
 
   EXPECT_FALSE(*master_.BatchExist({"only"})[0]);
   GetResult got = master_.BatchGetReplicaList({"both"})[0];
@@ -227,6 +239,236 @@ TEST_F(MasterTest, MalformedMountsAreRefused) {
   SegmentInfo no_secret = Segment("a", 1 << 20);
   no_secret.token_secret.clear();
   EXPECT_EQ(master_.MountSegment(no_secret).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- Leases, pins, eviction, reclaim (issue: store semantics) ---
+
+TEST_F(MasterTest, GetAndExistLeaseTheObjectAgainstRemoval) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(Put("k", 100).ok());
+  ASSERT_TRUE(Exists("k"));  // leases for lease_ttl (10 s)
+  absl::Status leased = Remove("k");
+  EXPECT_EQ(ToErrorCode(leased), v1::OBJECT_HAS_LEASE) << leased;
+  EXPECT_EQ(master_.RemoveAll(false).results[0], 0u);
+  EXPECT_EQ(master_.CountLeased(), 1u);
+  now_ += absl::Seconds(11);
+  EXPECT_EQ(master_.CountLeased(), 0u);
+  EXPECT_TRUE(Remove("k").ok());
+
+  ASSERT_TRUE(Put("k2", 100).ok());
+  GetResult got = master_.BatchGetReplicaList({"k2"})[0];
+  EXPECT_EQ(got.lease_expiry, now_ + absl::Seconds(10));
+  EXPECT_TRUE(Remove("k2", /*force=*/true).ok());
+}
+
+TEST_F(MasterTest, ReadTokensExpireWithTheLease) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(Put("k", 100).ok());
+  GetResult got = master_.BatchGetReplicaList({"k"})[0];
+  const PlacementView& p = got.replicas[0];
+  wire::RequestHeader read{.opcode = wire::Opcode::kRead, .offset = p.offset, .length = p.length,
+                           .token = p.token};
+  EXPECT_TRUE(wire::VerifyToken(secrets_["a"], read, now_ + absl::Seconds(9)).ok());
+  EXPECT_FALSE(wire::VerifyToken(secrets_["a"], read, now_ + absl::Seconds(11)).ok());
+}
+
+TEST_F(MasterTest, FullPoolEvictsTheLeastRecentlyUsedToMakeRoom) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 64 << 10)).ok());
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(Put("k" + std::to_string(i), 1024).ok()) << i;
+    now_ += absl::Seconds(1);
+  }
+  now_ += absl::Seconds(60);  // every lease has run out
+  // Touch the oldest ones; they become the most recently used (and leased again).
+  ASSERT_TRUE(Exists("k0"));
+  ASSERT_TRUE(Exists("k1"));
+  now_ += absl::Seconds(11);
+  ASSERT_TRUE(Put("new", 1024).ok());  // pool is full: evicts to make room
+  EXPECT_TRUE(Exists("k0"));
+  EXPECT_TRUE(Exists("k1"));
+  // 5% of 64 KiB is 3.2 KiB: the four least recently used went, in order.
+  for (int i = 2; i <= 5; ++i) EXPECT_FALSE(Exists("k" + std::to_string(i))) << i;
+  EXPECT_TRUE(Exists("k6"));
+  EXPECT_TRUE(Exists("new"));
+  EXPECT_TRUE(Exists("k63"));
+  EXPECT_GT(master_.counters().evicted_objects.load(), 0u);
+  EXPECT_EQ(master_.counters().evicted_bytes.load(), master_.counters().evicted_objects.load() * 1024);
+}
+
+TEST_F(MasterTest, EvictionNeverTouchesLeasedPinnedOrPendingObjects) {
+  // 8 KiB pool: [hard][soft][plain][pending][leased][old][ free 2 KiB ]
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 8 << 10)).ok());
+  ASSERT_TRUE(Put("hard", 1024, PinMode::kHard).ok());
+  ASSERT_TRUE(Put("soft", 1024, PinMode::kSoft).ok());
+  ASSERT_TRUE(Put("plain", 1024).ok());
+  PutStartResult pending = PutStart("pending", 1024);
+  ASSERT_TRUE(pending.status.ok());
+  ASSERT_TRUE(Put("leased", 1024).ok());
+  ASSERT_TRUE(Put("old", 1024).ok());
+  ASSERT_TRUE(Exists("leased"));
+  // 3 KiB: evicting "plain" and "old" makes room; soft pins stay while that is enough.
+  ASSERT_TRUE(Put("big", 3 * 1024).ok());
+  EXPECT_FALSE(Exists("plain"));
+  EXPECT_FALSE(Exists("old"));
+  EXPECT_TRUE(Exists("soft"));
+  EXPECT_TRUE(Exists("hard"));
+  EXPECT_TRUE(Exists("leased"));
+  ASSERT_TRUE(Commit("pending", pending.put_id).ok());  // was never touched
+  // (Exists leases what it finds: let those leases run out, then lease every unpinned one.)
+  now_ += absl::Seconds(11);
+  for (const char* key : {"pending", "big", "leased"}) ASSERT_TRUE(Exists(key)) << key;
+  // Everything unpinned is leased now: the soft pin goes when nothing else can.
+  absl::Status more = Put("more", 2048);
+  ASSERT_TRUE(more.ok()) << more;
+  EXPECT_FALSE(Exists("soft"));
+  EXPECT_TRUE(Exists("hard"));
+  ASSERT_TRUE(Exists("more"));
+  // Nothing evictable is left: pressure, not an error.
+  absl::Status no_room = Put("even-more", 2048);
+  EXPECT_EQ(ToErrorCode(no_room), v1::NO_AVAILABLE_HANDLE) << no_room;
+  EXPECT_TRUE(Exists("hard"));
+}
+
+TEST_F(MasterTest, HighWatermarkEvictsARatioOfTheCapacityPerRound) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 100 << 10)).ok());
+  for (int i = 0; i < 97; ++i) ASSERT_TRUE(Put("k" + std::to_string(i), 1024).ok());
+  ASSERT_TRUE(Exists("k0"));  // leased: the next oldest go instead
+  uint64_t freed = master_.EvictIfAboveHighWatermark();  // 97% > 95%: frees 5% of 100 KiB
+  EXPECT_GE(freed, 5u * 1024);
+  EXPECT_LE(freed, 6u * 1024);
+  EXPECT_EQ(master_.EvictIfAboveHighWatermark(), 0u);  // 91-92%: below the mark
+  EXPECT_TRUE(Exists("k0"));
+  for (int i = 1; i <= 5; ++i) EXPECT_FALSE(Exists("k" + std::to_string(i))) << i;
+  EXPECT_TRUE(Exists("k7"));
+  EXPECT_TRUE(Exists("k96"));
+}
+
+TEST_F(MasterTest, AbandonedReservationsAreReclaimedAfterThePutTimeout) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  PutStartResult early = PutStart("early", 1000);
+  now_ += absl::Seconds(30);
+  PutStartResult late = PutStart("late", 1000);
+  now_ += absl::Seconds(31);  // early is 61 s old, late 31 s
+  EXPECT_EQ(master_.ReclaimExpiredReservations(), 1u);
+  EXPECT_EQ(Commit("early", early.put_id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Commit("late", late.put_id).ok());
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 1024u);
+  EXPECT_EQ(master_.counters().reclaimed_reservations.load(), 1u);
+  // The key is free again for a new writer.
+  EXPECT_TRUE(Put("early", 10).ok());
+}
+
+TEST_F(MasterTest, PreferredHostIsTriedFirst) {
+  ASSERT_TRUE(master_.MountSegment(Segment("big", 4 << 20)).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("small", 1 << 20)).ok());
+  std::vector<std::string> keys = {"k"};
+  std::vector<uint64_t> sizes = {100};
+  PutStartResult result =
+      master_.BatchPutStart(keys, sizes, {.preferred_host = "host-small"}).value()[0];
+  EXPECT_EQ(result.placements[0].segment_name, "small");
+}
+
+TEST_F(MasterTest, KeysOfOneBatchSpreadOverSegments) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  std::vector<std::string> keys;
+  std::vector<uint64_t> sizes;
+  for (int i = 0; i < 8; ++i) {
+    keys.push_back("k" + std::to_string(i));
+    sizes.push_back(64 << 10);
+  }
+  std::map<std::string, int> per_segment;
+  std::vector<PutStartResult> results = master_.BatchPutStart(keys, sizes, {}).value();
+  for (const PutStartResult& r : results) {
+    per_segment[r.placements[0].segment_name]++;
+  }
+  EXPECT_EQ(per_segment["a"], 4);
+  EXPECT_EQ(per_segment["b"], 4);
+}
+
+TEST_F(MasterTest, DrainedSegmentTakesNothingNewAndLeavesWhenNothingIsLeased) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  std::vector<std::string> keys = {"on-a"};
+  std::vector<uint64_t> sizes = {100};
+  PutStartResult both = PutStart("both", 100, 2);
+  ASSERT_TRUE(Commit("both", both.put_id).ok());
+  ASSERT_TRUE(master_.DrainSegment("a").ok());
+  EXPECT_EQ(ToErrorCode(master_.DrainSegment("nobody")), v1::SEGMENT_NOT_FOUND);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(PutStart("new" + std::to_string(i), 100).placements[0].segment_name, "b");
+  }
+  ASSERT_TRUE(Exists("both"));  // leased now
+  EXPECT_EQ(master_.FinishDrains(), 0u);
+  now_ += absl::Seconds(11);
+  EXPECT_EQ(master_.FinishDrains(), 1u);
+  EXPECT_EQ(master_.GetClusterSummary().segments.size(), 1u);
+  Master::HeartbeatReply reply = master_.Heartbeat("a", 1);
+  EXPECT_FALSE(reply.known);
+  EXPECT_TRUE(reply.drained);
+  GetResult got = master_.BatchGetReplicaList({"both"})[0];
+  ASSERT_TRUE(got.status.ok());
+  ASSERT_EQ(got.replicas.size(), 1u);
+  EXPECT_EQ(got.replicas[0].segment_name, "b");
+}
+
+TEST_F(MasterTest, ManifestRecordsCommitsAndForgetsAndRebuildsTheIndex) {
+  SegmentInfo info = Segment("a", 1 << 20);
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  auto id = master_.Heartbeat("a", 1).segment;
+  ASSERT_TRUE(id.has_value());
+  PutStartResult started = PutStart("k", 1000);
+  Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", started.put_id, 0xabc}});
+  ASSERT_TRUE(ended.results[0].ok());
+  ASSERT_EQ(ended.ticket.waits.size(), 1u);
+  bool durable = false;
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Seconds(1), [&](bool ok) { durable = ok; });
+  EXPECT_FALSE(durable);
+  ManifestSync::Batch batch = master_.manifest_sync().Sync(*id, 0, 100);
+  ASSERT_EQ(batch.records.size(), 1u);
+  EXPECT_EQ(batch.records[0].key, "k");
+  EXPECT_EQ(batch.records[0].offset, started.placements[0].offset);
+  EXPECT_EQ(batch.records[0].checksum, 0xabcu);
+  master_.manifest_sync().Sync(*id, batch.last_seq, 100);  // the segment applied it
+  EXPECT_TRUE(durable);
+
+  // A new master learns the object from the segment's manifest.
+  Master restarted(Options());
+  info.restoring = true;
+  ASSERT_TRUE(restarted.MountSegment(info).ok());
+  std::vector<std::string> no_keys;
+  std::vector<uint64_t> no_sizes;
+  EXPECT_TRUE(restarted.BatchPutStart({"x"}, {std::vector<uint64_t>{10}}, {}).value()[0].status.code() ==
+              absl::StatusCode::kResourceExhausted);  // restoring: takes nothing new yet
+  std::vector<ManifestRecord> manifest = {batch.records[0],
+                                          {ManifestRecord::Kind::kAdd, "overlap",
+                                           batch.records[0].offset + 64, 10, 0, PinMode::kNone}};
+  std::vector<std::string> refused = *restarted.RestoreManifest("a", 1, manifest);
+  EXPECT_EQ(refused, std::vector<std::string>{"overlap"});
+  ASSERT_TRUE(restarted.FinishRestore("a", 1).ok());
+  GetResult got = restarted.BatchGetReplicaList({"k"})[0];
+  ASSERT_TRUE(got.status.ok());
+  EXPECT_EQ(got.checksum, 0xabcu);
+  EXPECT_EQ(got.replicas[0].offset, started.placements[0].offset);
+  EXPECT_EQ(restarted.GetClusterSummary().used_bytes, 1024u);
+  // Its range is taken again: a new object goes elsewhere.
+  PutStartResult next = restarted.BatchPutStart({"y"}, {std::vector<uint64_t>{10}}, {}).value()[0];
+  ASSERT_TRUE(next.status.ok());
+  EXPECT_NE(next.placements[0].offset, started.placements[0].offset);
+
+  // Removing queues a forget record.
+  ASSERT_TRUE(Remove("k", /*force=*/true).ok());
+  batch = master_.manifest_sync().Sync(*id, batch.last_seq, 100);
+  ASSERT_EQ(batch.records.size(), 1u);
+  EXPECT_EQ(batch.records[0].kind, ManifestRecord::Kind::kForget);
+}
+
+TEST_F(MasterTest, EmbeddedSegmentsKeepNoManifest) {
+  SegmentInfo info = Segment("e", 1 << 20);
+  info.embedded = true;
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  PutStartResult started = PutStart("k", 10);
+  EXPECT_TRUE(master_.BatchPutEnd({PutRef{"k", started.put_id}}).ticket.empty());
 }
 
 }  // namespace

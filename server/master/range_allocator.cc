@@ -23,6 +23,24 @@ std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size) {
   return offset;
 }
 
+bool RangeAllocator::AllocateAt(uint64_t offset, uint64_t size) {
+  if (size == 0 || offset % kAlignment != 0 || offset > capacity_) return false;
+  uint64_t rounded = Rounded(size);
+  if (rounded > capacity_ - offset) return false;
+  absl::MutexLock lock(&mu_);
+  auto it = by_offset_.upper_bound(offset);
+  if (it == by_offset_.begin()) return false;
+  --it;
+  auto [free_offset, free_size] = *it;
+  if (free_offset + free_size < offset + rounded) return false;
+  EraseFreeLocked(it);
+  if (offset > free_offset) InsertFreeLocked(free_offset, offset - free_offset);
+  uint64_t end = offset + rounded;
+  if (free_offset + free_size > end) InsertFreeLocked(end, free_offset + free_size - end);
+  used_ += rounded;
+  return true;
+}
+
 void RangeAllocator::Free(uint64_t offset, uint64_t size) {
   uint64_t rounded = Rounded(size);
   absl::MutexLock lock(&mu_);

@@ -25,6 +25,10 @@ class RangeAllocator {
   // when no free range is large enough. `size` must be above 0.
   std::optional<uint64_t> Allocate(uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Takes exactly [offset, offset + size) if it is entirely free (rebuilding the index from
+  // a segment's manifest). False if any part of it is allocated or outside the pool.
+  bool AllocateAt(uint64_t offset, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Returns a range from Allocate (same offset and size) to the free set.
   void Free(uint64_t offset, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -10,7 +10,8 @@ MountedSegment::MountedSegment(SegmentId id, SegmentInfo info, absl::Time now)
     : id_(id),
       info_(std::move(info)),
       allocator_(info_.size),
-      last_heartbeat_ns_(absl::ToUnixNanos(now)) {}
+      last_heartbeat_ns_(absl::ToUnixNanos(now)),
+      restoring_(info_.restoring) {}
 
 absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo info,
                                                                     absl::Time now) {
@@ -45,7 +46,8 @@ absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo 
   return result;
 }
 
-absl::StatusOr<SegmentId> SegmentRegistry::Unmount(const std::string& name, uint64_t incarnation) {
+absl::StatusOr<SegmentId> SegmentRegistry::Unmount(const std::string& name, uint64_t incarnation,
+                                                  bool drained) {
   absl::MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end() || by_id_[it->second]->info().incarnation != incarnation) {
@@ -55,17 +57,33 @@ absl::StatusOr<SegmentId> SegmentRegistry::Unmount(const std::string& name, uint
   by_id_[id]->MarkRemoved();
   by_id_.erase(id);
   by_name_.erase(it);
+  if (drained) drained_.emplace(name, incarnation);
   return id;
 }
 
-bool SegmentRegistry::Heartbeat(const std::string& name, uint64_t incarnation, absl::Time now) {
+bool SegmentRegistry::WasDrained(const std::string& name, uint64_t incarnation) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return drained_.contains(std::make_pair(name, incarnation));
+}
+
+std::shared_ptr<MountedSegment> SegmentRegistry::Find(const std::string& name,
+                                                      uint64_t incarnation) const {
+  std::shared_ptr<MountedSegment> segment = FindByName(name);
+  return segment && segment->info().incarnation == incarnation ? segment : nullptr;
+}
+
+std::shared_ptr<MountedSegment> SegmentRegistry::FindByName(const std::string& name) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = by_name_.find(name);
-  if (it == by_name_.end()) return false;
-  const std::shared_ptr<MountedSegment>& segment = by_id_.at(it->second);
-  if (segment->info().incarnation != incarnation) return false;
+  return it == by_name_.end() ? nullptr : by_id_.at(it->second);
+}
+
+std::optional<SegmentId> SegmentRegistry::Heartbeat(const std::string& name,
+                                                    uint64_t incarnation, absl::Time now) {
+  std::shared_ptr<MountedSegment> segment = Find(name, incarnation);
+  if (segment == nullptr) return std::nullopt;
   segment->Touch(now);
-  return true;
+  return segment->id();
 }
 
 std::vector<std::shared_ptr<MountedSegment>> SegmentRegistry::RemoveExpired(absl::Time now,

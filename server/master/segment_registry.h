@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -31,8 +32,10 @@ struct SegmentInfo {
   uint64_t size = 0;
   uint64_t incarnation = 0;
   std::string token_secret;
-  // Runs inside the master process: never expires.
+  // Runs inside the master process: never expires, keeps no manifest.
   bool embedded = false;
+  // It will report a manifest (RestoreManifest): take no new objects until it has.
+  bool restoring = false;
 };
 
 class MountedSegment {
@@ -54,6 +57,14 @@ class MountedSegment {
   void AddReplicas(int64_t delta) { replica_count_.fetch_add(delta, std::memory_order_relaxed); }
 
   bool removed() const { return removed_.load(std::memory_order_acquire); }
+
+  // A draining segment takes no new objects; it leaves once nothing on it is leased or
+  // being written.
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  void MarkDraining() { draining_.store(true, std::memory_order_release); }
+  bool restoring() const { return restoring_.load(std::memory_order_acquire); }
+  void FinishRestoring() { restoring_.store(false, std::memory_order_release); }
+  bool accepts_writes() const { return !removed() && !draining() && !restoring(); }
   void MarkRemoved() { removed_.store(true, std::memory_order_release); }
 
  private:
@@ -62,6 +73,8 @@ class MountedSegment {
   RangeAllocator allocator_;
   std::atomic<int64_t> last_heartbeat_ns_;
   std::atomic<bool> removed_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> restoring_;
   std::atomic<int64_t> replica_count_{0};
 };
 
@@ -79,11 +92,19 @@ class SegmentRegistry {
   absl::StatusOr<MountResult> Mount(SegmentInfo info, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // NotFound unless `name` is mounted with `incarnation`. Returns the removed segment's id.
-  absl::StatusOr<SegmentId> Unmount(const std::string& name, uint64_t incarnation)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `drained`: remembered, so that the segment's next heartbeat is told to stop.
+  absl::StatusOr<SegmentId> Unmount(const std::string& name, uint64_t incarnation,
+                                    bool drained = false) ABSL_LOCKS_EXCLUDED(mu_);
+  bool WasDrained(const std::string& name, uint64_t incarnation) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // False when no segment `name` with `incarnation` is mounted.
-  bool Heartbeat(const std::string& name, uint64_t incarnation, absl::Time now)
+  // The segment's id, or nullopt when no segment `name` with `incarnation` is mounted.
+  std::optional<SegmentId> Heartbeat(const std::string& name, uint64_t incarnation,
+                                     absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The mounted segment with this name (and incarnation), or null.
+  std::shared_ptr<MountedSegment> Find(const std::string& name, uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<MountedSegment> FindByName(const std::string& name) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes the segments whose last heartbeat is older than `ttl` and returns them.
@@ -105,6 +126,7 @@ class SegmentRegistry {
   SegmentId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<SegmentId, std::shared_ptr<MountedSegment>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SegmentId> by_name_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::pair<std::string, uint64_t>> drained_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvpool::master

@@ -24,6 +24,7 @@ struct ServerState {
   const MemoryPool& pool;
   const std::string secret;
   const DataServerOptions options;
+  Manifest* const manifest;
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, rejected{0};
 };
 
@@ -77,12 +78,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (server_.options.require_token) {
       absl::Status granted = wire::VerifyToken(server_.secret, request_, absl::Now());
       if (!granted.ok()) {
-        Reject(request_.request_id, v1::PERMISSION_DENIED, granted.message());
+        bool expired = granted.code() == absl::StatusCode::kDeadlineExceeded;
+        Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
+               absl::StrCat(granted.message(), expired ? (write ? " (reservation timed out)"
+                                                                 : " (lease ran out)")
+                                                       : ""));
         return;
       }
     }
     uint8_t* range = server_.pool.data() + request_.offset;
     if (write) {
+      // The master granted this range to a new object: what the manifest had there is gone.
+      if (server_.manifest != nullptr) {
+        server_.manifest->DropOverlapping(request_.offset, request_.length);
+      }
       asio::async_read(socket_, asio::buffer(range, request_.length),
                        [self = shared_from_this()](boost::system::error_code ec, size_t n) {
                          self->OnPayload(ec, n);
@@ -155,8 +164,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 }  // namespace
 
 struct DataServer::Impl {
-  Impl(const MemoryPool& pool, std::string secret, DataServerOptions options)
-      : state{pool, std::move(secret), options} {}
+  Impl(const MemoryPool& pool, std::string secret, DataServerOptions options, Manifest* manifest)
+      : state{pool, std::move(secret), options, manifest} {}
 
   void Accept();
 
@@ -184,8 +193,9 @@ void DataServer::Impl::Accept() {
   });
 }
 
-DataServer::DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options)
-    : impl_(std::make_unique<Impl>(pool, std::move(token_secret), options)) {}
+DataServer::DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options,
+                       Manifest* manifest)
+    : impl_(std::make_unique<Impl>(pool, std::move(token_secret), options, manifest)) {}
 
 DataServer::~DataServer() { Stop(); }
 

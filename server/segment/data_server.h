@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/segment/manifest.h"
 #include "server/segment/memory_pool.h"
 
 namespace kvpool::segment {
@@ -31,7 +32,10 @@ struct DataServerOptions {
 
 class DataServer {
  public:
-  DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options);
+  // `manifest` (may be null: an embedded segment keeps none) loses the entries that an
+  // accepted write overlaps. Both must outlive the server.
+  DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options,
+             Manifest* manifest = nullptr);
   ~DataServer();
   DataServer(const DataServer&) = delete;
   DataServer& operator=(const DataServer&) = delete;

@@ -177,7 +177,8 @@ TEST_F(DataServerTest, RequestsWithoutAValidTokenAreRefused) {
     int fd = Connect();
     SendHeader(fd, request);
     std::string reason;
-    EXPECT_EQ(Response(fd, &reason).status, v1::PERMISSION_DENIED);
+    EXPECT_EQ(Response(fd, &reason).status,
+              request.token == expired.token ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED);
     EXPECT_NE(reason.find("token"), std::string::npos);
     EXPECT_TRUE(ClosedByPeer(fd));
     close(fd);

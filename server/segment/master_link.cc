@@ -9,13 +9,19 @@
 #include "proto/channel.h"
 
 namespace kvpool::segment {
+namespace {
+
+// Manifest records per RestoreManifest call.
+constexpr size_t kRestoreChunk = 4096;
+
+}  // namespace
 
 struct MasterLink::Rpc {
   std::unique_ptr<v1::MasterService::Stub> stub;
 };
 
-MasterLink::MasterLink(MasterLinkOptions options)
-    : options_(std::move(options)), rpc_(std::make_unique<Rpc>()) {
+MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest)
+    : options_(std::move(options)), manifest_(manifest), rpc_(std::make_unique<Rpc>()) {
   rpc_->stub = v1::MasterService::NewStub(MakeMasterChannel(options_.master_address));
 }
 
@@ -26,10 +32,9 @@ void MasterLink::Start() { thread_ = std::thread([this] { Loop(); }); }
 void MasterLink::Stop() {
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
     stopping_ = true;
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
   if (mounted_.exchange(false)) Unmount();
 }
 
@@ -44,13 +49,15 @@ void MasterLink::Loop() {
       KVPOOL_LOG(INFO) << "master " << options_.master_address << " answers again";
     }
     failing = !status.ok();
-    absl::Duration wait = mounted_.load() ? heartbeat_interval_ : options_.retry_interval;
+    // A heartbeat paces itself (the master holds it); failures wait before retrying.
+    absl::Duration wait = failing ? options_.retry_interval : absl::ZeroDuration();
     absl::MutexLock lock(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
+    if (stopping_ || mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
   }
 }
 
 absl::Status MasterLink::Mount() {
+  std::vector<v1::ManifestRecord> entries = manifest_.Entries();
   v1::MountSegmentRequest request;
   request.set_name(options_.name);
   request.set_host(options_.host);
@@ -58,6 +65,7 @@ absl::Status MasterLink::Mount() {
   request.set_size(options_.size);
   request.set_incarnation(options_.incarnation);
   request.set_token_secret(options_.token_secret);
+  request.set_manifest_objects(entries.size());
   v1::MountSegmentResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -69,10 +77,35 @@ absl::Status MasterLink::Mount() {
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
   }
+  // Report what this segment holds, so a restarted master serves it again.
+  for (size_t first = 0; first < entries.size(); first += kRestoreChunk) {
+    v1::RestoreManifestRequest restore;
+    restore.set_name(options_.name);
+    restore.set_incarnation(options_.incarnation);
+    size_t last = std::min(entries.size(), first + kRestoreChunk);
+    for (size_t i = first; i < last; ++i) *restore.add_records() = entries[i];
+    restore.set_done(last == entries.size());
+    v1::RestoreManifestResponse restored;
+    grpc::ClientContext restore_context;
+    restore_context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    grpc::Status sent = rpc_->stub->RestoreManifest(&restore_context, restore, &restored);
+    if (!sent.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("reporting the manifest failed: ", sent.error_message()));
+    }
+    std::vector<std::string> refused(restored.refused_keys().begin(), restored.refused_keys().end());
+    if (!refused.empty()) {
+      KVPOOL_LOG(WARNING) << "master refused " << refused.size() << " manifest entries";
+      manifest_.Forget(refused);
+    }
+  }
+  acked_seq_ = 0;
   mounted_.store(true);
   mount_count_.fetch_add(1);
-  KVPOOL_LOG(INFO) << "mounted on master " << options_.master_address << " as " << options_.name;
-  std::printf("kvpool-segment mounted master=%s\n", options_.master_address.c_str());
+  KVPOOL_LOG(INFO) << "mounted on master " << options_.master_address << " as " << options_.name
+                   << (entries.empty() ? "" : absl::StrCat(", reported ", entries.size(), " objects"));
+  std::printf("kvpool-segment mounted master=%s objects=%zu\n", options_.master_address.c_str(),
+              entries.size());
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -81,19 +114,36 @@ absl::Status MasterLink::Heartbeat() {
   v1::HeartbeatRequest request;
   request.set_name(options_.name);
   request.set_incarnation(options_.incarnation);
+  request.set_acked_seq(acked_seq_);
+  request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + heartbeat_interval_ + options_.rpc_timeout));
   grpc::Status status = rpc_->stub->Heartbeat(&context, request, &response);
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("heartbeat to master ", options_.master_address,
                                                " failed: ", status.error_message()));
+  }
+  if (response.drained()) {
+    KVPOOL_LOG(INFO) << "the master drained this segment; stopping";
+    mounted_.store(false);
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    if (options_.on_drained) options_.on_drained();
+    return absl::OkStatus();
   }
   if (!response.known()) {
     KVPOOL_LOG(WARNING) << "master " << options_.master_address
                         << " does not know this segment; mounting again";
     mounted_.store(false);
     return Mount();
+  }
+  if (response.records_size() > 0) {
+    manifest_.Apply({response.records().begin(), response.records().end()});
+    acked_seq_ = response.last_seq();
   }
   return absl::OkStatus();
 }

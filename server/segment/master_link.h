@@ -1,12 +1,15 @@
 #pragma once
 
-// Keeps a segment mounted on the master: mounts (retrying until the master answers), then
-// heartbeats at the interval the master asks for, and mounts again whenever the master says
-// it does not know the segment (it restarted, or declared the segment dead). Unmounts on
-// Stop(). Owns one background thread. Thread-safe.
+// Keeps a segment mounted on the master and its manifest in step. Mounts (retrying until
+// the master answers), reports the manifest after a master restart (RestoreManifest), then
+// heartbeats as a long poll: each call carries the last manifest record applied and comes
+// back with the next ones, at once or after about a heartbeat interval. Mounts again
+// whenever the master says it does not know the segment. Unmounts on Stop(). Owns one
+// background thread. Thread-safe.
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/segment/manifest.h"
 
 namespace kvpool::segment {
 
@@ -28,11 +32,14 @@ struct MasterLinkOptions {
   std::string token_secret;
   absl::Duration rpc_timeout = absl::Seconds(3);
   absl::Duration retry_interval = absl::Milliseconds(500);
+  // Called (once) when the master says the segment was drained: it should stop.
+  std::function<void()> on_drained;
 };
 
 class MasterLink {
  public:
-  explicit MasterLink(MasterLinkOptions options);
+  // `manifest` must outlive the link.
+  MasterLink(MasterLinkOptions options, Manifest& manifest);
   ~MasterLink();
   MasterLink(const MasterLink&) = delete;
   MasterLink& operator=(const MasterLink&) = delete;
@@ -53,12 +60,15 @@ class MasterLink {
   void Unmount();
 
   const MasterLinkOptions options_;
+  Manifest& manifest_;
   std::unique_ptr<Rpc> rpc_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> mounted_{false};
   std::atomic<uint64_t> mount_count_{0};
+  // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  uint64_t acked_seq_ = 0;
   std::thread thread_;
 };
 

@@ -15,6 +15,10 @@
 //   AlreadyExists       (put) the key is stored or being stored: nothing was written.
 //   ResourceExhausted   (put) no space even after eviction: back off (NO_AVAILABLE_HANDLE).
 //   NotFound            (get, remove) no committed object has the key.
+//   FailedPrecondition  (remove) a reader holds a lease on the object (OBJECT_HAS_LEASE).
+//   DataLoss            (get) the bytes read do not match the writer's checksum.
+//   Aborted             (get) the read outlasted its lease and the bytes changed
+//                       (LEASE_EXPIRED): try again.
 //   InvalidArgument     empty or too long key, size 0 or larger than any segment.
 //   OutOfRange          (get) the buffers are smaller than the object.
 //   Unavailable         the master or segment could not be reached (RPC_FAIL, TRANSFER_FAIL).
@@ -56,11 +60,33 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(5);
   // Parallel data connections per segment within one batch.
   int connections_per_segment = 2;
+  // Check every value read against its writer's checksum (see GetOptions).
+  bool verify_checksums = false;
+  // This machine's host name as segments advertise it: replicas on this host are read
+  // first, and PutOptions::prefer_local_segment puts new objects here. Default: hostname.
+  std::string local_host;
+};
+
+enum class PinMode {
+  kNone,
+  // Evicted only when nothing unpinned can go.
+  kSoft,
+  // Never evicted; removed only on request.
+  kHard,
 };
 
 struct PutOptions {
   // Copies on distinct segments (as many as have room, at least one).
   uint32_t replicas = 1;
+  PinMode pin = PinMode::kNone;
+  // Place on a segment of this host when one has room.
+  bool prefer_local_segment = false;
+};
+
+struct GetOptions {
+  // Check the bytes read against the writer's checksum: DataLoss (CHECKSUM_MISMATCH) if they
+  // differ. A read that outlasts its lease is always checked.
+  bool verify_checksum = false;
 };
 
 // One value to store: the concatenation of `parts`.
@@ -91,6 +117,12 @@ struct ClusterStatus {
   uint64_t used_bytes = 0;
   uint64_t objects = 0;
   uint64_t pending_objects = 0;
+  uint64_t leased_objects = 0;
+  uint64_t soft_pinned_objects = 0;
+  uint64_t hard_pinned_objects = 0;
+  uint64_t evicted_objects = 0;
+  uint64_t evicted_bytes = 0;
+  uint64_t reclaimed_reservations = 0;
   std::vector<SegmentStatus> segments;
 };
 
@@ -109,23 +141,30 @@ class Client {
   std::vector<absl::Status> BatchPut(absl::Span<const PutItem> items,
                                      const PutOptions& options = {});
 
-  // Returns the object's size in bytes.
-  absl::StatusOr<uint64_t> Get(absl::string_view key, absl::Span<const MutableBuffer> parts);
-  absl::StatusOr<std::string> Get(absl::string_view key);
+  // Returns the object's size in bytes. Grants the caller a lease on the object.
+  absl::StatusOr<uint64_t> Get(absl::string_view key, absl::Span<const MutableBuffer> parts,
+                               const GetOptions& options = {});
+  absl::StatusOr<std::string> Get(absl::string_view key, const GetOptions& options = {});
   // Bytes read per item, in order.
-  std::vector<absl::StatusOr<uint64_t>> BatchGet(absl::Span<const GetItem> items);
+  std::vector<absl::StatusOr<uint64_t>> BatchGet(absl::Span<const GetItem> items,
+                                                 const GetOptions& options = {});
 
   // Size of a committed object.
   absl::StatusOr<uint64_t> Size(absl::string_view key);
+  // A key that exists is leased to the caller, as by a get.
   absl::StatusOr<bool> Exists(absl::string_view key);
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
 
-  absl::Status Remove(absl::string_view key);
-  std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys);
-  // Removes every committed object; returns how many.
-  absl::StatusOr<uint64_t> RemoveAll();
+  // `force` removes objects that readers hold a lease on.
+  absl::Status Remove(absl::string_view key, bool force = false);
+  std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force = false);
+  // Removes every committed object (leased ones only if `force`); returns how many.
+  absl::StatusOr<uint64_t> RemoveAll(bool force = false);
 
   absl::StatusOr<ClusterStatus> GetClusterStatus();
+  // Stops new objects going to the segment; it is unmounted once nothing on it is leased or
+  // being written. NotFound (SEGMENT_NOT_FOUND) for an unknown name.
+  absl::Status DrainSegment(absl::string_view name);
 
  private:
   struct Impl;

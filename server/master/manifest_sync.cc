@@ -1,0 +1,149 @@
+#include "server/master/manifest_sync.h"
+
+#include <limits>
+
+namespace kvpool::master {
+
+void ManifestSync::Track(SegmentId segment) {
+  absl::MutexLock lock(&mu_);
+  queues_.try_emplace(segment);
+}
+
+void ManifestSync::Untrack(SegmentId segment) {
+  std::function<void()> poll;
+  std::vector<std::function<void(bool)>> done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(segment);
+    if (it == queues_.end()) return;
+    poll = std::move(it->second.poll);
+    queues_.erase(it);
+    done = ReleaseLocked(segment, std::numeric_limits<uint64_t>::max());
+  }
+  if (poll) poll();
+  for (auto& callback : done) callback(true);
+}
+
+void ManifestSync::Append(SegmentId segment, ManifestRecord record, Ticket* ticket) {
+  std::function<void()> poll;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(segment);
+    if (it == queues_.end()) return;
+    Queue& queue = it->second;
+    uint64_t seq = queue.next_seq++;
+    queue.records.push_back(std::move(record));
+    if (ticket != nullptr) ticket->waits.emplace_back(segment, seq);
+    poll = std::move(queue.poll);
+    queue.poll = nullptr;
+  }
+  if (poll) poll();
+}
+
+ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t max_records) {
+  Batch batch;
+  std::vector<std::function<void(bool)>> done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(segment);
+    if (it == queues_.end()) return batch;
+    Queue& queue = it->second;
+    // A segment cannot have applied what was never sent (e.g. numbers from a previous
+    // master): clamp, so nothing is skipped.
+    acked = std::min(acked, queue.next_seq - 1);
+    while (queue.acked < acked) {
+      queue.records.pop_front();
+      ++queue.acked;
+    }
+    done = ReleaseLocked(segment, queue.acked);
+    size_t n = std::min(max_records, queue.records.size());
+    batch.records.assign(queue.records.begin(), queue.records.begin() + n);
+    batch.last_seq = queue.acked + n;
+    batch.more = n < queue.records.size();
+  }
+  for (auto& callback : done) callback(true);
+  return batch;
+}
+
+void ManifestSync::Poll(SegmentId segment, absl::Time deadline, std::function<void()> ready) {
+  std::function<void()> replaced;
+  bool now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(segment);
+    if (it == queues_.end() || !it->second.records.empty()) {
+      now = true;
+    } else {
+      replaced = std::move(it->second.poll);
+      it->second.poll = std::move(ready);
+      it->second.poll_deadline = deadline;
+    }
+  }
+  if (replaced) replaced();
+  if (now) ready();
+}
+
+void ManifestSync::Wait(Ticket ticket, absl::Time deadline, std::function<void(bool)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto waiter = std::make_unique<Waiter>();
+    for (const auto& [segment, seq] : ticket.waits) {
+      auto it = queues_.find(segment);
+      if (it == queues_.end() || it->second.acked >= seq) continue;
+      uint64_t& needed = waiter->remaining[segment];
+      needed = std::max(needed, seq);
+    }
+    if (!waiter->remaining.empty()) {
+      waiter->deadline = deadline;
+      waiter->done = std::move(done);
+      waiters_.push_back(std::move(waiter));
+      return;
+    }
+  }
+  done(true);
+}
+
+void ManifestSync::Tick(absl::Time now) {
+  std::vector<std::function<void()>> polls;
+  std::vector<std::function<void(bool)>> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [segment, queue] : queues_) {
+      if (queue.poll && queue.poll_deadline <= now) {
+        polls.push_back(std::move(queue.poll));
+        queue.poll = nullptr;
+      }
+    }
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if ((*it)->deadline <= now) {
+        expired.push_back(std::move((*it)->done));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& poll : polls) poll();
+  for (auto& callback : expired) callback(false);
+}
+
+std::vector<std::function<void(bool)>> ManifestSync::ReleaseLocked(SegmentId segment,
+                                                                   uint64_t applied) {
+  std::vector<std::function<void(bool)>> done;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    Waiter& waiter = **it;
+    auto needed = waiter.remaining.find(segment);
+    if (needed != waiter.remaining.end() && needed->second <= applied) {
+      waiter.remaining.erase(needed);
+    }
+    if (waiter.remaining.empty()) {
+      done.push_back(std::move(waiter.done));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return done;
+}
+
+}  // namespace kvpool::master

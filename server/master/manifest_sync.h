@@ -1,0 +1,105 @@
+#pragma once
+
+// Keeps each segment's manifest (the list of committed objects it holds) in step with the
+// index, so that a restarted master can rebuild the index from the segments.
+//
+// The master appends records (an object committed, an object forgotten) to a per-segment
+// queue, each with a sequence number. The segment's heartbeat is a long poll: it carries
+// the last sequence number the segment applied and is answered with the records after it,
+// at once if there are any, else as soon as one is appended or the poll's time is up.
+// BatchPutEnd and BatchRemove wait (Wait) until the segments have applied their records
+// before answering, so an object a client saw committed survives a master restart.
+//
+// Embedded segments keep no manifest (they die with the master): appends to segments that
+// were never Track()ed are no-ops. Thread-safe; callbacks run without the lock held.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/master/index_shard.h"
+#include "server/master/segment_registry.h"
+
+namespace kvpool::master {
+
+struct ManifestRecord {
+  enum class Kind : uint8_t { kAdd = 1, kForget = 2 };
+  Kind kind = Kind::kAdd;
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  PinMode pin = PinMode::kNone;
+};
+
+class ManifestSync {
+ public:
+  // What a batch must wait for: per segment, the sequence number to be applied.
+  struct Ticket {
+    std::vector<std::pair<SegmentId, uint64_t>> waits;
+    bool empty() const { return waits.empty(); }
+  };
+
+  struct Batch {
+    std::vector<ManifestRecord> records;
+    // Sequence number of the last record in `records` (or the acknowledged one if none).
+    uint64_t last_seq = 0;
+    // More records are queued beyond this batch.
+    bool more = false;
+  };
+
+  void Track(SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
+  // The segment is gone: its queue is dropped, its poll answered, its waiters released.
+  void Untrack(SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues a record for a tracked segment and adds it to `ticket` (if given).
+  void Append(SegmentId segment, ManifestRecord record, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Acknowledges every record up to `acked` (releasing waiters) and returns up to
+  // `max_records` records after it.
+  Batch Sync(SegmentId segment, uint64_t acked, size_t max_records) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Parks a heartbeat poll: `ready` runs once, when a record is appended for the segment,
+  // the segment is untracked, or `deadline` passes (Tick). A newer poll replaces (and
+  // releases) an older one.
+  void Poll(SegmentId segment, absl::Time deadline, std::function<void()> ready)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Runs `done(true)` once every record of the ticket is applied (or its segment is gone),
+  // or `done(false)` at `deadline` (Tick). Runs at once if there is nothing to wait for.
+  void Wait(Ticket ticket, absl::Time deadline, std::function<void(bool)> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Releases polls and waiters whose deadline passed. Called every few milliseconds.
+  void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Waiter {
+    absl::flat_hash_map<SegmentId, uint64_t> remaining;
+    absl::Time deadline;
+    std::function<void(bool)> done;
+  };
+  struct Queue {
+    uint64_t next_seq = 1;
+    uint64_t acked = 0;
+    std::deque<ManifestRecord> records;  // seq acked+1 ...
+    std::function<void()> poll;
+    absl::Time poll_deadline;
+  };
+
+  // Removes the waiters `segment` no longer holds up and returns those now complete.
+  std::vector<std::function<void(bool)>> ReleaseLocked(SegmentId segment, uint64_t applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<SegmentId, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvpool::master

@@ -1,0 +1,58 @@
+#include "server/segment/manifest.h"
+
+#include "absl/container/flat_hash_set.h"
+
+namespace kvpool::segment {
+
+void Manifest::Apply(const std::vector<v1::ManifestRecord>& records) {
+  absl::MutexLock lock(&mu_);
+  for (const v1::ManifestRecord& record : records) {
+    if (record.kind() == v1::ManifestRecord::ADD) {
+      DropOverlappingLocked(record.offset(), std::max<uint64_t>(record.size(), 1));
+      v1::ManifestRecord& entry = by_offset_[record.offset()];
+      entry = record;
+    } else if (record.kind() == v1::ManifestRecord::FORGET) {
+      auto it = by_offset_.find(record.offset());
+      if (it != by_offset_.end() && it->second.key() == record.key()) by_offset_.erase(it);
+    }
+  }
+}
+
+void Manifest::DropOverlapping(uint64_t offset, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  DropOverlappingLocked(offset, length);
+}
+
+void Manifest::DropOverlappingLocked(uint64_t offset, uint64_t length) {
+  if (length == 0) return;
+  uint64_t end = offset + length;
+  auto it = by_offset_.lower_bound(offset);
+  if (it != by_offset_.begin()) {
+    auto before = std::prev(it);
+    if (before->first + before->second.size() > offset) it = before;
+  }
+  while (it != by_offset_.end() && it->first < end) it = by_offset_.erase(it);
+}
+
+void Manifest::Forget(absl::Span<const std::string> keys) {
+  absl::flat_hash_set<std::string> refused(keys.begin(), keys.end());
+  absl::MutexLock lock(&mu_);
+  for (auto it = by_offset_.begin(); it != by_offset_.end();) {
+    it = refused.contains(it->second.key()) ? by_offset_.erase(it) : std::next(it);
+  }
+}
+
+std::vector<v1::ManifestRecord> Manifest::Entries() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ManifestRecord> entries;
+  entries.reserve(by_offset_.size());
+  for (const auto& [offset, record] : by_offset_) entries.push_back(record);
+  return entries;
+}
+
+size_t Manifest::size() const {
+  absl::MutexLock lock(&mu_);
+  return by_offset_.size();
+}
+
+}  // namespace kvpool::segment
