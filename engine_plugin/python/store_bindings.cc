@@ -305,10 +305,17 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           "put",
           [](PyStore& self, const std::string& key, const py::buffer& value,
              const py::object& /*config*/) {
-            py::buffer_info info = value.request();
-            absl::string_view bytes(static_cast<const char*>(info.ptr),
-                                    static_cast<size_t>(info.size * info.itemsize));
-            return ToErrorCode(WithStore(self, [&](Store& s) { return s.Put(key, bytes); }));
+            // A simple (C-contiguous) view: BufferError for strided arrays, whose bytes are
+            // not one range.
+            Py_buffer view;
+            if (PyObject_GetBuffer(value.ptr(), &view, PyBUF_SIMPLE) != 0) {
+              throw py::error_already_set();
+            }
+            absl::string_view bytes(static_cast<const char*>(view.buf),
+                                    static_cast<size_t>(view.len));
+            int code = ToErrorCode(WithStore(self, [&](Store& s) { return s.Put(key, bytes); }));
+            PyBuffer_Release(&view);
+            return code;
           },
           py::arg("key"), py::arg("value"), py::arg("config") = py::none())
       .def(

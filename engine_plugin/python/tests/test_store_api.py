@@ -53,6 +53,8 @@ def test_positional_setup_and_file_setup(pool, tmp_path, monkeypatch):
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master) == 0
     assert store.put("a", np.arange(4, dtype=np.int32)) == 0
     assert np.frombuffer(store.get("a"), dtype=np.int32).tolist() == [0, 1, 2, 3]
+    with pytest.raises((BufferError, ValueError)):  # not one contiguous range
+        store.put("strided", np.arange(8, dtype=np.int32)[::2])
     store.close()
 
     path = tmp_path / "mooncake_config.json"
