@@ -10,7 +10,7 @@ build_packages=(
   ca-certificates g++ cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libboost-dev libssl-dev libibverbs-dev prometheus-cpp-dev libxxhash-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   python3 python3-dev pybind11-dev
 )
 test_packages=(

@@ -1,0 +1,201 @@
+#include "engine_plugin/store.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/net.h"
+
+namespace kvpool::engine {
+namespace {
+
+absl::Status Closed() { return absl::FailedPreconditionError("the store is closed"); }
+
+// Where the in-process segment listens, from Mooncake's local_hostname ("ip" or "ip:port").
+absl::StatusOr<LocalSegmentOptions> SegmentOptions(const StoreConfig& config) {
+  LocalSegmentOptions options;
+  options.master_address = config.master_server_address;
+  options.size = config.global_segment_size;
+  const std::string& local = config.local_hostname;
+  if (local.empty()) {
+    // Loopback when the master is local; otherwise every interface, advertised by name.
+    absl::StatusOr<HostPort> master = ParseHostPort(config.master_server_address);
+    bool loopback = master.ok() && (master->host == "127.0.0.1" || master->host == "localhost" ||
+                                    master->host == "::1");
+    options.listen_host = loopback ? "127.0.0.1" : "0.0.0.0";
+  } else if (absl::StatusOr<HostPort> parsed = ParseHostPort(local); parsed.ok()) {
+    options.listen_host = parsed->host;
+    options.listen_port = parsed->port;
+  } else {
+    options.listen_host = local;
+  }
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
+                                                   const ClientOptions& client_options) {
+  if (config.protocol == "rdma") {
+    KVPOOL_LOG(WARNING) << "protocol \"rdma\" requested; kvpool moves the bytes over TCP until "
+                           "its RDMA transport is available";
+  }
+  ClientOptions options = client_options;
+  options.master_address = config.master_server_address;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  if (!client.ok()) return client.status();
+
+  std::unique_ptr<LocalSegment> segment;
+  if (config.global_segment_size > 0) {
+    absl::StatusOr<LocalSegmentOptions> segment_options = SegmentOptions(config);
+    if (!segment_options.ok()) return segment_options.status();
+    absl::StatusOr<std::unique_ptr<LocalSegment>> started = LocalSegment::Start(*segment_options);
+    if (!started.ok()) return started.status();
+    segment = std::move(*started);
+  }
+  return std::unique_ptr<Store>(
+      new Store(config, std::shared_ptr<Client>(std::move(*client)), std::move(segment)));
+}
+
+Store::Store(StoreConfig config, std::shared_ptr<Client> client,
+             std::unique_ptr<LocalSegment> segment)
+    : config_(std::move(config)), client_(std::move(client)), segment_(std::move(segment)) {}
+
+Store::~Store() { Close(); }
+
+std::shared_ptr<Client> Store::client() const {
+  absl::MutexLock lock(&mu_);
+  return client_;
+}
+
+void Store::Close() {
+  std::shared_ptr<LocalSegment> segment;
+  std::shared_ptr<Client> client;
+  {
+    absl::MutexLock lock(&mu_);
+    segment = std::move(segment_);
+    client = std::move(client_);
+    buffers_.clear();
+  }
+  if (segment != nullptr) segment->Stop();
+  // The client goes when the last call still using it returns.
+}
+
+bool Store::closed() const {
+  absl::MutexLock lock(&mu_);
+  return client_ == nullptr;
+}
+
+std::vector<absl::StatusOr<bool>> Store::BatchExist(absl::Span<const std::string> keys) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return std::vector<absl::StatusOr<bool>>(keys.size(), Closed());
+  return c->BatchExist(keys);
+}
+
+std::vector<absl::Status> Store::BatchPut(absl::Span<const PutItem> items) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return std::vector<absl::Status>(items.size(), Closed());
+  return c->BatchPut(items, PutOptions{.replicas = config_.replica_num});
+}
+
+std::vector<absl::StatusOr<uint64_t>> Store::BatchGet(absl::Span<const GetItem> items) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return std::vector<absl::StatusOr<uint64_t>>(items.size(), Closed());
+  return c->BatchGet(items);
+}
+
+absl::Status Store::RegisterBuffer(uint64_t base, uint64_t bytes) {
+  if (base == 0 || bytes == 0) {
+    return absl::InvalidArgumentError("cannot register a null or empty buffer");
+  }
+  if (bytes > UINT64_MAX - base) return absl::InvalidArgumentError("buffer wraps around");
+  absl::MutexLock lock(&mu_);
+  if (client_ == nullptr) return Closed();
+  auto it = buffers_.find(base);
+  if (it != buffers_.end() && it->second == bytes) return absl::OkStatus();
+  // The buffer starting at or before `base`, and the one after it, must not overlap.
+  auto next = buffers_.upper_bound(base);
+  if (next != buffers_.end() && next->first < base + bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer [0x", absl::Hex(base), ", +", bytes,
+                                                   ") overlaps the registered buffer at 0x",
+                                                   absl::Hex(next->first)));
+  }
+  if (next != buffers_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second > base) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer [0x", absl::Hex(base), ", +", bytes,
+                                                     ") overlaps the registered buffer at 0x",
+                                                     absl::Hex(prev->first)));
+    }
+  }
+  buffers_.emplace(base, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Store::UnregisterBuffer(uint64_t base) {
+  absl::MutexLock lock(&mu_);
+  if (client_ == nullptr) return Closed();
+  if (buffers_.erase(base) == 0) {
+    return absl::NotFoundError(absl::StrCat("no buffer is registered at 0x", absl::Hex(base)));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Store::RegisteredBuffers() const {
+  absl::MutexLock lock(&mu_);
+  return {buffers_.begin(), buffers_.end()};
+}
+
+absl::Status Store::Put(absl::string_view key, absl::string_view value) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->Put(key, value, PutOptions{.replicas = config_.replica_num});
+}
+
+absl::StatusOr<std::string> Store::Get(absl::string_view key) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->Get(key);
+}
+
+absl::StatusOr<bool> Store::Exists(absl::string_view key) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->Exists(key);
+}
+
+absl::StatusOr<uint64_t> Store::Size(absl::string_view key) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->Size(key);
+}
+
+absl::Status Store::Remove(absl::string_view key) {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->Remove(key);
+}
+
+absl::StatusOr<uint64_t> Store::RemoveAll() {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->RemoveAll();
+}
+
+absl::StatusOr<ClusterStatus> Store::GetClusterStatus() {
+  std::shared_ptr<Client> c = client();
+  if (c == nullptr) return Closed();
+  return c->GetClusterStatus();
+}
+
+std::optional<std::string> Store::local_segment_name() const {
+  absl::MutexLock lock(&mu_);
+  if (segment_ == nullptr) return std::nullopt;
+  return segment_->name();
+}
+
+std::optional<segment::DataServer::Stats> Store::local_segment_stats() const {
+  absl::MutexLock lock(&mu_);
+  if (segment_ == nullptr) return std::nullopt;
+  return segment_->stats();
+}
+
+}  // namespace kvpool::engine

@@ -1,0 +1,289 @@
+#include "engine_plugin/store_worker.h"
+
+#include <numeric>
+
+#include "engine_plugin/notified_ready_event.h"
+#include "engine_plugin/testing/fake_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvpool::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+using testing::FakeStore;
+
+constexpr uint32_t kBlockSize = 4;
+constexpr uint64_t kBlocks = 6;
+constexpr int64_t kHeads = 2;
+constexpr int64_t kHeadDim = 4;
+
+// One FlashAttention-style layer (2, blocks, block_size, heads, head_dim) of floats.
+struct Layer {
+  Layer() : data(2 * kBlocks * kBlockSize * kHeads * kHeadDim) {
+    std::iota(data.begin(), data.end(), 1.0f);
+  }
+  TensorDesc Desc() const {
+    TensorDesc t;
+    t.data_ptr = reinterpret_cast<uint64_t>(data.data());
+    t.storage_ptr = t.data_ptr;
+    t.storage_bytes = data.size() * sizeof(float);
+    t.shape = {2, kBlocks, kBlockSize, kHeads, kHeadDim};
+    t.strides = {kBlocks * kBlockSize * kHeads * kHeadDim, kBlockSize * kHeads * kHeadDim,
+                 kHeads * kHeadDim, kHeadDim, 1};
+    t.element_size = sizeof(float);
+    return t;
+  }
+  std::vector<float> data;
+};
+
+StoreWorkerOptions Options() {
+  return StoreWorkerOptions{.model_name = "org/tiny-model/", .num_kv_heads = kHeads,
+                            .block_size = kBlockSize};
+}
+
+ReqMeta SaveRequest(const std::string& id, std::vector<std::string> hashes,
+                    std::vector<int64_t> block_ids) {
+  ReqMeta r;
+  r.req_id = id;
+  r.token_len_chunk = hashes.size() * kBlockSize;
+  r.block_hashes = std::move(hashes);
+  r.block_ids = std::move(block_ids);
+  r.can_save = true;
+  return r;
+}
+
+TEST(StoreWorkerTest, KeysAndStepsFollowTheParallelism) {
+  FakeStore store;
+  StoreWorkerOptions o = Options();
+  o.tp_size = 4;
+  o.tp_rank = 3;
+  o.num_kv_heads = 2;  // two ranks per head group: they share keys and split the stores
+  o.pp_size = 2;
+  o.pp_rank = 1;
+  absl::StatusOr<std::unique_ptr<StoreWorker>> worker = StoreWorker::Create(store, o);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ((*worker)->put_step(), 2);
+  EXPECT_EQ((*worker)->token_database().KeyFor("ab"), "tiny-model@tp_rank:1@pcp0@dcp0@pp_rank:1@ab");
+
+  o = Options();
+  o.pcp_size = 2;
+  o.pcp_rank = 1;
+  o.dcp_size = 2;
+  o.dcp_rank = 1;
+  worker = StoreWorker::Create(store, o);
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ((*worker)->block_size(), kBlockSize * 4);
+  EXPECT_EQ((*worker)->token_database().KeyFor("ab"), "tiny-model@tp_rank:0@pcp1@dcp1@pp_rank:0@ab");
+
+  o = Options();
+  o.use_mla = true;
+  o.tp_size = 4;
+  o.tp_rank = 2;
+  worker = StoreWorker::Create(store, o);
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ((*worker)->put_step(), 4);
+  EXPECT_EQ((*worker)->key_metadata().tp_rank, 0);
+}
+
+TEST(StoreWorkerTest, RefusesBadOptions) {
+  FakeStore store;
+  StoreWorkerOptions o = Options();
+  o.tp_rank = 2;
+  EXPECT_THAT(StoreWorker::Create(store, o).status().message(), HasSubstr("tp_rank 2"));
+  o = Options();
+  o.model_name = "/";
+  EXPECT_FALSE(StoreWorker::Create(store, o).ok());
+  o = Options();
+  o.block_size = 0;
+  EXPECT_FALSE(StoreWorker::Create(store, o).ok());
+  EXPECT_TRUE(ParseKvRole("kv_both").ok());
+  EXPECT_FALSE(ParseKvRole("both").ok());
+}
+
+TEST(StoreWorkerTest, RegistersEachStorageOnceAndOnlyOnce) {
+  FakeStore store;
+  Layer l0, l1;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  EXPECT_EQ(worker->GetFinished({}, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(worker->RegisterKvCaches({l0.Desc(), l1.Desc(), l0.Desc()}, kBlocks).ok());
+  EXPECT_EQ(store.registered().size(), 2u);
+  EXPECT_EQ(worker->layout()->segments().size(), 6u);
+  EXPECT_EQ(worker->RegisterKvCaches({l0.Desc()}, kBlocks).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StoreWorkerTest, StoresThenLoadsIdenticalBytes) {
+  FakeStore store;
+  Layer l0, l1;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  ASSERT_TRUE(worker->RegisterKvCaches({l0.Desc(), l1.Desc()}, kBlocks).ok());
+  std::vector<float> original0 = l0.data, original1 = l1.data;
+
+  StepMetadata step;
+  step.requests.push_back(SaveRequest("r1", {"h0", "h1", "h2"}, {4, 1, 3}));
+  step.store_ready = std::make_shared<NotifiedReadyEvent>(/*ready=*/true);
+  ASSERT_TRUE(worker->GetFinished({}, std::move(step)).ok());
+  worker->WaitIdle();
+  EXPECT_EQ(worker->sender()->stats().keys_stored, 3u);
+
+  std::fill(l0.data.begin(), l0.data.end(), 0.0f);
+  std::fill(l1.data.begin(), l1.data.end(), 0.0f);
+  ReqMeta load;
+  load.req_id = "r2";
+  load.token_len_chunk = 3 * kBlockSize;
+  load.block_hashes = {"h0", "h1", "h2"};
+  load.block_ids = {4, 1, 3};
+  load.load_spec = LoadSpec{.vllm_cached_tokens = 0, .kvpool_cached_tokens = 3 * kBlockSize,
+                            .can_load = true};
+  StepMetadata load_step;
+  load_step.requests.push_back(load);
+  absl::StatusOr<StoreWorker::Finished> issued = worker->GetFinished({}, std::move(load_step));
+  ASSERT_TRUE(issued.ok());
+  worker->WaitIdle();
+  absl::StatusOr<StoreWorker::Finished> finished = worker->GetFinished({}, {});
+  // Reported once, by whichever step saw the load complete.
+  finished->recving.insert(issued->recving.begin(), issued->recving.end());
+  EXPECT_THAT(finished->recving, UnorderedElementsAre("r2"));
+
+  // Blocks 4, 1, 3 of both K and V of both layers are back; the others stay zero.
+  const size_t block_floats = kBlockSize * kHeads * kHeadDim;
+  for (size_t kv = 0; kv < 2; ++kv) {
+    for (size_t b = 0; b < kBlocks; ++b) {
+      size_t offset = (kv * kBlocks + b) * block_floats;
+      bool loaded = b == 4 || b == 1 || b == 3;
+      for (size_t i = 0; i < block_floats; ++i) {
+        ASSERT_EQ(l0.data[offset + i], loaded ? original0[offset + i] : 0.0f);
+        ASSERT_EQ(l1.data[offset + i], loaded ? original1[offset + i] : 0.0f);
+      }
+    }
+  }
+}
+
+TEST(StoreWorkerTest, LoadLengthFollowsThePoolHit) {
+  FakeStore store;
+  Layer l0;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  ASSERT_TRUE(worker->RegisterKvCaches({l0.Desc()}, kBlocks).ok());
+  auto load = [&](uint64_t pool_hit, uint64_t token_len_chunk) {
+    ReqMeta r;
+    r.req_id = "r";
+    r.token_len_chunk = token_len_chunk;
+    r.block_hashes = {"h0", "h1", "h2"};
+    r.block_ids = {0, 1, 2};
+    r.load_spec = LoadSpec{.kvpool_cached_tokens = pool_hit, .can_load = true};
+    StepMetadata step;
+    step.requests.push_back(r);
+    EXPECT_TRUE(worker->GetFinished({}, std::move(step)).ok());
+    worker->WaitIdle();
+    return store.get_keys().back().size();
+  };
+  EXPECT_EQ(load(8, 12), 2u);   // whole blocks: two chunks
+  EXPECT_EQ(load(11, 12), 3u);  // one short of a partial block: its last token comes too
+  EXPECT_EQ(load(10, 12), 3u);  // a partial block is loaded up to the hit
+}
+
+TEST(StoreWorkerTest, FinishedSendingWaitsForPendingStoresAndDropsPreempted) {
+  FakeStore store;
+  Layer l0;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  ASSERT_TRUE(worker->RegisterKvCaches({l0.Desc()}, kBlocks).ok());
+
+  // r1 stores and its store completes before it finishes.
+  StepMetadata step1;
+  step1.requests.push_back(SaveRequest("r1", {"a0"}, {0}));
+  ASSERT_TRUE(worker->GetFinished({}, std::move(step1)).ok());
+  worker->WaitIdle();
+  absl::StatusOr<StoreWorker::Finished> f = worker->GetFinished({"r1"}, {});
+  EXPECT_THAT(f->sending, UnorderedElementsAre("r1"));
+
+  // r2 finishes while its store waits for the ready event: reported a step later.
+  auto ready = std::make_shared<NotifiedReadyEvent>();
+  StepMetadata step2;
+  step2.requests.push_back(SaveRequest("r2", {"b0"}, {1}));
+  step2.store_ready = ready;
+  f = worker->GetFinished({"r2"}, std::move(step2));
+  EXPECT_THAT(f->sending, IsEmpty());
+  ready->Notify();
+  worker->WaitIdle();
+  f = worker->GetFinished({}, {});
+  EXPECT_THAT(f->sending, UnorderedElementsAre("r2"));
+  EXPECT_FALSE(worker->sender()->PendingJobs("r2").has_value());
+
+  // r3 is preempted: its bookkeeping goes, it is never reported.
+  auto blocked = std::make_shared<NotifiedReadyEvent>();
+  StepMetadata step3;
+  step3.requests.push_back(SaveRequest("r3", {"c0"}, {2}));
+  step3.store_ready = blocked;
+  ASSERT_TRUE(worker->GetFinished({}, std::move(step3)).ok());
+  StepMetadata step4;
+  step4.preempted_req_ids.insert("r3");
+  f = worker->GetFinished({}, std::move(step4));
+  EXPECT_FALSE(worker->sender()->PendingJobs("r3").has_value());
+  blocked->Notify();
+  worker->WaitIdle();
+  f = worker->GetFinished({"r3"}, {});
+  EXPECT_THAT(f->sending, IsEmpty());
+
+  // A request that never stored is not reported.
+  f = worker->GetFinished({"never"}, {});
+  EXPECT_THAT(f->sending, IsEmpty());
+}
+
+TEST(StoreWorkerTest, ConsumersDoNotStore) {
+  FakeStore store;
+  Layer l0;
+  StoreWorkerOptions o = Options();
+  o.kv_role = KvRole::kConsumer;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, o);
+  ASSERT_TRUE(worker->RegisterKvCaches({l0.Desc()}, kBlocks).ok());
+  EXPECT_EQ(worker->sender(), nullptr);
+  StepMetadata step;
+  step.requests.push_back(SaveRequest("r1", {"a0"}, {0}));
+  ASSERT_TRUE(worker->GetFinished({"r1"}, std::move(step)).ok());
+  worker->WaitIdle();
+  EXPECT_EQ(store.put_calls(), 0);
+}
+
+TEST(StoreWorkerTest, LookupChecksEveryTpAndPpRank) {
+  FakeStore store;
+  StoreWorkerOptions o = Options();
+  o.tp_size = 4;
+  o.num_kv_heads = 2;  // TP ranks 0-1 and 2-3 share keys: key tp ranks 0 and 1
+  o.pp_size = 2;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, o);
+  std::vector<std::string> hashes = {"h0", "h1", "h2"};
+  auto key = [](int tp, int pp, const std::string& hash) {
+    return PoolKey({.model_name = "tiny-model", .tp_rank = tp, .pp_rank = pp}, hash);
+  };
+
+  EXPECT_EQ(worker->Lookup(12, hashes), 0u);
+  for (int tp = 0; tp < 2; ++tp) {
+    for (int pp = 0; pp < 2; ++pp) {
+      for (const std::string& h : hashes) {
+        if (tp == 1 && pp == 1 && h == "h2") continue;  // one rank lacks the last chunk
+        store.Set(key(tp, pp, h), "v");
+      }
+    }
+  }
+  EXPECT_EQ(worker->Lookup(12, hashes), 8u);
+  store.Set(key(1, 1, "h2"), "v");
+  EXPECT_EQ(worker->Lookup(12, hashes), 12u);
+  EXPECT_EQ(worker->Lookup(10, hashes), 10u);  // the end of the last (partial) chunk
+  EXPECT_EQ(worker->Lookup(12, {}), 0u);
+  ASSERT_EQ(store.exist_keys().back().size(), 12u);  // 3 chunks x 2 tp x 2 pp
+
+  // Keys of TP ranks beyond the head count are not asked for.
+  for (const std::vector<std::string>& keys : store.exist_keys()) {
+    for (const std::string& k : keys) EXPECT_THAT(k, ::testing::Not(HasSubstr("tp_rank:2")));
+  }
+
+  // A pool that cannot answer has nothing.
+  store.FailExist(absl::UnavailableError("master down"));
+  EXPECT_EQ(worker->Lookup(12, hashes), 0u);
+}
+
+}  // namespace
+}  // namespace kvpool::engine
