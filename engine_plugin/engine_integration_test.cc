@@ -233,9 +233,18 @@ TEST_F(EngineIntegrationTest, FullPoolMakesTheSenderBackOffUntilAStoreSucceeds) 
   std::vector<int64_t> blocks(kBlocks);
   std::iota(blocks.begin(), blocks.end(), 0);
 
-  Step(*worker, With(Save("filler", Hashes("fill-a/", 32), blocks)));
+  // Three quarters of the pool hold hard-pinned objects, which eviction never takes.
+  ClientOptions client_options;
+  client_options.master_address = master_.grpc_address;
+  std::unique_ptr<Client> pinner = std::move(Client::Create(client_options).value());
+  const std::string pinned(4096, 'p');
+  for (int i = 0; i < 48; ++i) {
+    ASSERT_TRUE(pinner->Put("pinned/" + std::to_string(i), pinned, {.pin = PinMode::kHard}).ok());
+  }
+  // The rest takes 16 chunks; 32 more find room only by evicting those 16 (unpinned, not
+  // leased): the other 16 are pressure.
+  Step(*worker, With(Save("filler", Hashes("fill-a/", 16), blocks)));
   Step(*worker, With(Save("big", Hashes("fill-b/", 32), blocks)));
-  Step(*worker, With(Save("big", Hashes("fill-c/", 32), blocks)));
   EXPECT_TRUE(worker->sender()->store_pressure_active());
   EXPECT_TRUE(worker->sender()->IsSkippedForPressure("big"));
   EXPECT_GT(worker->sender()->stats().keys_no_space, 0u);
@@ -247,7 +256,7 @@ TEST_F(EngineIntegrationTest, FullPoolMakesTheSenderBackOffUntilAStoreSucceeds) 
   EXPECT_EQ(worker->sender()->stats().skipped_for_pressure, 1u);
 
   // Space comes back; another request's successful store clears the pressure.
-  ASSERT_TRUE(store->RemoveAll().ok());
+  ASSERT_TRUE(pinner->RemoveAll(/*force=*/true).ok());
   Step(*worker, With(Save("small", Hashes("small/", 2), blocks)));
   EXPECT_FALSE(worker->sender()->store_pressure_active());
   Step(*worker, With(Save("big", Hashes("fill-e/", 2), blocks)));

@@ -10,22 +10,24 @@ namespace {
 absl::Status Closed() { return absl::FailedPreconditionError("the store is closed"); }
 
 // Where the in-process segment listens, from Mooncake's local_hostname ("ip" or "ip:port").
-absl::StatusOr<LocalSegmentOptions> SegmentOptions(const StoreConfig& config) {
-  LocalSegmentOptions options;
+segment::SegmentOptions InProcessSegmentOptions(const StoreConfig& config) {
+  segment::SegmentOptions options;
   options.master_address = config.master_server_address;
   options.size = config.global_segment_size;
+  // Pages arrive on first write: touching a big segment up front would stall setup().
+  options.prefault = false;
+  options.mount_timeout = absl::Seconds(10);
   const std::string& local = config.local_hostname;
   if (local.empty()) {
     // Loopback when the master is local; otherwise every interface, advertised by name.
     absl::StatusOr<HostPort> master = ParseHostPort(config.master_server_address);
     bool loopback = master.ok() && (master->host == "127.0.0.1" || master->host == "localhost" ||
                                     master->host == "::1");
-    options.listen_host = loopback ? "127.0.0.1" : "0.0.0.0";
-  } else if (absl::StatusOr<HostPort> parsed = ParseHostPort(local); parsed.ok()) {
-    options.listen_host = parsed->host;
-    options.listen_port = parsed->port;
+    options.listen = loopback ? "127.0.0.1:0" : "0.0.0.0:0";
+  } else if (ParseHostPort(local).ok()) {
+    options.listen = local;
   } else {
-    options.listen_host = local;
+    options.listen = FormatHostPort(local, 0);
   }
   return options;
 }
@@ -43,11 +45,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
   if (!client.ok()) return client.status();
 
-  std::unique_ptr<LocalSegment> segment;
+  std::unique_ptr<segment::Segment> segment;
   if (config.global_segment_size > 0) {
-    absl::StatusOr<LocalSegmentOptions> segment_options = SegmentOptions(config);
-    if (!segment_options.ok()) return segment_options.status();
-    absl::StatusOr<std::unique_ptr<LocalSegment>> started = LocalSegment::Start(*segment_options);
+    absl::StatusOr<std::unique_ptr<segment::Segment>> started =
+        segment::Segment::Start(InProcessSegmentOptions(config));
     if (!started.ok()) return started.status();
     segment = std::move(*started);
   }
@@ -56,7 +57,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
 }
 
 Store::Store(StoreConfig config, std::shared_ptr<Client> client,
-             std::unique_ptr<LocalSegment> segment)
+             std::unique_ptr<segment::Segment> segment)
     : config_(std::move(config)), client_(std::move(client)), segment_(std::move(segment)) {}
 
 Store::~Store() { Close(); }
@@ -67,7 +68,7 @@ std::shared_ptr<Client> Store::client() const {
 }
 
 void Store::Close() {
-  std::shared_ptr<LocalSegment> segment;
+  std::shared_ptr<segment::Segment> segment;
   std::shared_ptr<Client> client;
   {
     absl::MutexLock lock(&mu_);
@@ -168,16 +169,16 @@ absl::StatusOr<uint64_t> Store::Size(absl::string_view key) {
   return c->Size(key);
 }
 
-absl::Status Store::Remove(absl::string_view key) {
+absl::Status Store::Remove(absl::string_view key, bool force) {
   std::shared_ptr<Client> c = client();
   if (c == nullptr) return Closed();
-  return c->Remove(key);
+  return c->Remove(key, force);
 }
 
-absl::StatusOr<uint64_t> Store::RemoveAll() {
+absl::StatusOr<uint64_t> Store::RemoveAll(bool force) {
   std::shared_ptr<Client> c = client();
   if (c == nullptr) return Closed();
-  return c->RemoveAll();
+  return c->RemoveAll(force);
 }
 
 absl::StatusOr<ClusterStatus> Store::GetClusterStatus() {

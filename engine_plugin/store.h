@@ -20,7 +20,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine_plugin/local_segment.h"
+#include "server/segment/segment.h"
 #include "engine_plugin/store_backend.h"
 #include "engine_plugin/store_config.h"
 #include "kvpool/client.h"
@@ -56,8 +56,9 @@ class Store : public StoreBackend {
   absl::StatusOr<std::string> Get(absl::string_view key);
   absl::StatusOr<bool> Exists(absl::string_view key);
   absl::StatusOr<uint64_t> Size(absl::string_view key);
-  absl::Status Remove(absl::string_view key);
-  absl::StatusOr<uint64_t> RemoveAll();
+  // `force`: even objects a reader holds a lease on (else OBJECT_HAS_LEASE).
+  absl::Status Remove(absl::string_view key, bool force = false);
+  absl::StatusOr<uint64_t> RemoveAll(bool force = false);
   absl::StatusOr<ClusterStatus> GetClusterStatus();
 
   // Unmounts the in-process segment (its objects leave the pool) and drops the connection.
@@ -72,14 +73,15 @@ class Store : public StoreBackend {
 
  private:
   Store(StoreConfig config, std::shared_ptr<Client> client,
-        std::unique_ptr<LocalSegment> segment);
+        std::unique_ptr<segment::Segment> segment);
   // The client, or null once closed.
   std::shared_ptr<Client> client() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreConfig config_;
   mutable absl::Mutex mu_;
   std::shared_ptr<Client> client_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<LocalSegment> segment_ ABSL_GUARDED_BY(mu_);
+  // A segment hosted in this process (Mooncake's global_segment_size), or null.
+  std::shared_ptr<segment::Segment> segment_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<uint64_t, uint64_t> buffers_ ABSL_GUARDED_BY(mu_);  // base -> bytes
 };
 

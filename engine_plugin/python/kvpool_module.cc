@@ -23,6 +23,7 @@ PYBIND11_MODULE(kvpool, m) {
   m.attr("OBJECT_NOT_FOUND") = static_cast<int>(kvpool::v1::OBJECT_NOT_FOUND);
   m.attr("OBJECT_ALREADY_EXISTS") = static_cast<int>(kvpool::v1::OBJECT_ALREADY_EXISTS);
   m.attr("INVALID_PARAMS") = static_cast<int>(kvpool::v1::INVALID_PARAMS);
+  m.attr("OBJECT_HAS_LEASE") = static_cast<int>(kvpool::v1::OBJECT_HAS_LEASE);
 
   // kvpool.store, importable as a module like mooncake.store.
   py::module_ store = m.def_submodule("store", "Mooncake-compatible store API");

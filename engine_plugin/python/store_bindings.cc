@@ -349,18 +349,20 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           py::arg("key"))
       .def(
           "remove",
-          [](PyStore& self, const std::string& key) {
-            return ToErrorCode(WithStore(self, [&](Store& s) { return s.Remove(key); }));
+          [](PyStore& self, const std::string& key, bool force) {
+            return ToErrorCode(WithStore(self, [&](Store& s) { return s.Remove(key, force); }));
           },
-          py::arg("key"))
-      .def("remove_all",
-           [](PyStore& self) -> int64_t {
-             std::shared_ptr<Store> store = self.store;
-             if (store == nullptr) return ToErrorCode(NotSetUp());
-             py::gil_scoped_release release;
-             absl::StatusOr<uint64_t> removed = store->RemoveAll();
-             return removed.ok() ? static_cast<int64_t>(*removed) : ToErrorCode(removed.status());
-           })
+          py::arg("key"), py::arg("force") = false)
+      .def(
+          "remove_all",
+          [](PyStore& self, bool force) -> int64_t {
+            std::shared_ptr<Store> store = self.store;
+            if (store == nullptr) return ToErrorCode(NotSetUp());
+            py::gil_scoped_release release;
+            absl::StatusOr<uint64_t> removed = store->RemoveAll(force);
+            return removed.ok() ? static_cast<int64_t>(*removed) : ToErrorCode(removed.status());
+          },
+          py::arg("force") = false)
       .def("close",
            [](PyStore& self) {
              std::shared_ptr<Store> store = std::move(self.store);

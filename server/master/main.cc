@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <memory>
-#include <random>
 
 #include "absl/flags/flag.h"
 #include "common/flags.h"
@@ -15,14 +14,11 @@
 #include "common/periodic_worker.h"
 #include "common/size.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/capability.h"
-#include "server/common/advertise.h"
 #include "server/common/http_server.h"
 #include "server/common/signals.h"
 #include "server/master/grpc_service.h"
 #include "server/master/master.h"
-#include "server/segment/data_server.h"
-#include "server/segment/memory_pool.h"
+#include "server/segment/segment.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address (port 0: any free port)");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:9003", "HTTP address for /healthz (port 0: any)");
@@ -55,42 +51,27 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
-// The segment that runs inside the master process.
-struct EmbeddedSegment {
-  std::unique_ptr<kvpool::segment::MemoryPool> pool;
-  std::unique_ptr<kvpool::segment::DataServer> server;
-  std::string endpoint;
-};
-
-absl::StatusOr<EmbeddedSegment> StartEmbeddedSegment(kvpool::master::Master& master,
-                                                     uint64_t size) {
-  std::string listen_address = absl::GetFlag(FLAGS_embedded_segment_listen);
-  absl::StatusOr<kvpool::HostPort> listen = kvpool::ParseHostPort(listen_address);
-  if (!listen.ok()) return listen.status();
-  EmbeddedSegment segment;
-  absl::StatusOr<std::unique_ptr<kvpool::segment::MemoryPool>> pool =
-      kvpool::segment::MemoryPool::Create(size, absl::GetFlag(FLAGS_prefault), "kvpool-embedded");
-  if (!pool.ok()) return pool.status();
-  segment.pool = std::move(*pool);
-  std::string secret = kvpool::wire::NewCapabilitySecret();
-  segment.server = std::make_unique<kvpool::segment::DataServer>(
-      *segment.pool, secret,
-      kvpool::segment::DataServerOptions{.threads = absl::GetFlag(FLAGS_data_threads)});
-  absl::StatusOr<uint16_t> port = segment.server->Start(listen_address);
-  if (!port.ok()) return port.status();
-  std::string host = kvpool::AdvertisedHost(listen->host, absl::GetFlag(FLAGS_advertise_host));
-  segment.endpoint = kvpool::FormatHostPort(host, *port);
-
+// Starts the segment that runs inside the master process and mounts it.
+absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
+    kvpool::master::Master& master, uint64_t size) {
+  kvpool::segment::SegmentOptions options;
+  options.size = size;
+  options.prefault = absl::GetFlag(FLAGS_prefault);
+  options.listen = absl::GetFlag(FLAGS_embedded_segment_listen);
+  options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  options.data.threads = absl::GetFlag(FLAGS_data_threads);
+  absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> segment =
+      kvpool::segment::Segment::Start(std::move(options));
+  if (!segment.ok()) return segment.status();
   kvpool::master::SegmentInfo info;
-  info.name = absl::StrCat("embedded@", segment.endpoint);
-  info.host = host;
-  info.endpoint = segment.endpoint;
+  info.name = absl::StrCat("embedded@", (*segment)->endpoint());
+  info.host = (*segment)->host();
+  info.endpoint = (*segment)->endpoint();
   info.size = size;
   info.incarnation = 1;
-  info.token_secret = secret;
+  info.token_secret = (*segment)->token_secret();
   info.embedded = true;
-  absl::Status mounted = master.MountSegment(std::move(info));
-  if (!mounted.ok()) return mounted;
+  if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;
   return segment;
 }
 
@@ -129,10 +110,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<kvpool::HostPort> grpc_address = kvpool::ParseHostPort(listen);
   if (!grpc_address.ok()) return Fail(grpc_address.status());
 
-  std::optional<EmbeddedSegment> embedded;
+  std::unique_ptr<kvpool::segment::Segment> embedded;
   uint64_t embedded_size = absl::GetFlag(FLAGS_embedded_segment_size).bytes;
   if (embedded_size > 0) {
-    absl::StatusOr<EmbeddedSegment> started = StartEmbeddedSegment(master, embedded_size);
+    absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =
+        StartEmbeddedSegment(master, embedded_size);
     if (!started.ok()) return Fail(started.status());
     embedded = std::move(*started);
   }
@@ -178,7 +160,7 @@ int main(int argc, char** argv) {
       "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s\n",
       kvpool::FormatHostPort(grpc_address->host, static_cast<uint16_t>(grpc_port)).c_str(),
       kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host, *http_port).c_str(),
-      embedded ? embedded->endpoint.c_str() : "none",
+      embedded ? embedded->endpoint().c_str() : "none",
       absl::StrCat(embedded ? embedded_size : 0).c_str());
   std::fflush(stdout);
 
@@ -190,6 +172,6 @@ int main(int argc, char** argv) {
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   http.Stop();
-  if (embedded) embedded->server->Stop();
+  if (embedded) embedded->Stop();
   return 0;
 }

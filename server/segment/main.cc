@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <random>
 
 #include "absl/flags/flag.h"
 #include "common/flags.h"
@@ -15,14 +14,9 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/size.h"
-#include "proto/capability.h"
-#include "server/common/advertise.h"
 #include "server/common/http_server.h"
 #include "server/common/signals.h"
-#include "server/segment/data_server.h"
-#include "server/segment/manifest.h"
-#include "server/segment/master_link.h"
-#include "server/segment/memory_pool.h"
+#include "server/segment/segment.h"
 
 ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master");
 ABSL_FLAG(kvpool::ByteSize, size, kvpool::ByteSize{1ull << 30},
@@ -57,47 +51,33 @@ int main(int argc, char** argv) {
 
   uint64_t size = absl::GetFlag(FLAGS_size).bytes;
   if (size == 0) return Fail(absl::InvalidArgumentError("--size must be above 0"));
-  absl::StatusOr<kvpool::HostPort> listen = kvpool::ParseHostPort(absl::GetFlag(FLAGS_listen));
-  if (!listen.ok()) return Fail(listen.status());
 
-  absl::StatusOr<std::unique_ptr<kvpool::segment::MemoryPool>> pool =
-      kvpool::segment::MemoryPool::Create(size, absl::GetFlag(FLAGS_prefault), "kvpool-segment");
-  if (!pool.ok()) return Fail(pool.status());
-
-  std::string secret = kvpool::wire::NewCapabilitySecret();
-  kvpool::segment::Manifest manifest;
-  kvpool::segment::DataServer data_server(
-      **pool, secret,
-      {.threads = absl::GetFlag(FLAGS_threads), .require_token = absl::GetFlag(FLAGS_require_token)},
-      &manifest);
-  absl::StatusOr<uint16_t> data_port = data_server.Start(absl::GetFlag(FLAGS_listen));
-  if (!data_port.ok()) return Fail(data_port.status());
-
-  std::string host = kvpool::AdvertisedHost(listen->host, absl::GetFlag(FLAGS_advertise_host));
-  std::string endpoint = kvpool::FormatHostPort(host, *data_port);
-  std::string name = absl::GetFlag(FLAGS_name).empty() ? endpoint : absl::GetFlag(FLAGS_name);
-
-  kvpool::segment::MasterLinkOptions link_options;
-  link_options.master_address = absl::GetFlag(FLAGS_master);
-  link_options.name = name;
-  link_options.host = host;
-  link_options.endpoint = endpoint;
-  link_options.size = size;
-  link_options.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-  link_options.token_secret = secret;
-  link_options.on_drained = [] { kill(getpid(), SIGTERM); };
-  kvpool::segment::MasterLink link(std::move(link_options), manifest);
+  kvpool::segment::SegmentOptions options;
+  options.size = size;
+  options.prefault = absl::GetFlag(FLAGS_prefault);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  options.name = absl::GetFlag(FLAGS_name);
+  options.data = {.threads = absl::GetFlag(FLAGS_threads),
+                  .require_token = absl::GetFlag(FLAGS_require_token)};
+  options.master_address = absl::GetFlag(FLAGS_master);
+  options.print_mounts = true;
+  options.on_drained = [] { kill(getpid(), SIGTERM); };
+  absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =
+      kvpool::segment::Segment::Start(std::move(options));
+  if (!started.ok()) return Fail(started.status());
+  kvpool::segment::Segment& segment = **started;
 
   kvpool::HttpServer http;
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
   });
-  http.Handle("/readyz", [&link](const kvpool::HttpRequest&) {
-    return link.mounted() ? kvpool::HttpResponse{200, "text/plain", "mounted\n"}
+  http.Handle("/readyz", [&segment](const kvpool::HttpRequest&) {
+    return segment.mounted() ? kvpool::HttpResponse{200, "text/plain", "mounted\n"}
                           : kvpool::HttpResponse{503, "text/plain", "not mounted\n"};
   });
   if (absl::GetFlag(FLAGS_enable_test_hooks)) {
-    kvpool::segment::MemoryPool* raw_pool = pool->get();
+    kvpool::segment::MemoryPool* raw_pool = &segment.pool();
     http.Handle("/debug/corrupt", [raw_pool](const kvpool::HttpRequest& request) {
       uint64_t offset = 0;
       auto it = request.params.find("offset");
@@ -113,19 +93,17 @@ int main(int argc, char** argv) {
   absl::StatusOr<uint16_t> http_port = http.Start(absl::GetFlag(FLAGS_http_listen));
   if (!http_port.ok()) return Fail(http_port.status());
 
-  std::printf("kvpool-segment listening name=%s data=%s http=%s pool_bytes=%llu\n", name.c_str(),
-              endpoint.c_str(),
+  std::printf("kvpool-segment listening name=%s data=%s http=%s pool_bytes=%llu\n",
+              segment.name().c_str(), segment.endpoint().c_str(),
               kvpool::FormatHostPort(kvpool::ParseHostPort(absl::GetFlag(FLAGS_http_listen))->host,
                                      *http_port)
                   .c_str(),
               static_cast<unsigned long long>(size));
   std::fflush(stdout);
-  link.Start();
 
   int signal_number = kvpool::WaitForShutdownSignal();
   KVPOOL_LOG(INFO) << "signal " << signal_number << "; unmounting and stopping";
-  link.Stop();
+  segment.Stop();
   http.Stop();
-  data_server.Stop();
   return 0;
 }

@@ -104,9 +104,11 @@ absl::Status MasterLink::Mount() {
   mount_count_.fetch_add(1);
   KVPOOL_LOG(INFO) << "mounted on master " << options_.master_address << " as " << options_.name
                    << (entries.empty() ? "" : absl::StrCat(", reported ", entries.size(), " objects"));
-  std::printf("kvpool-segment mounted master=%s objects=%zu\n", options_.master_address.c_str(),
-              entries.size());
-  std::fflush(stdout);
+  if (options_.print_mounts) {
+    std::printf("kvpool-segment mounted master=%s objects=%zu\n", options_.master_address.c_str(),
+                entries.size());
+    std::fflush(stdout);
+  }
   return absl::OkStatus();
 }
 

@@ -34,6 +34,8 @@ struct MasterLinkOptions {
   absl::Duration retry_interval = absl::Milliseconds(500);
   // Called (once) when the master says the segment was drained: it should stop.
   std::function<void()> on_drained;
+  // Print "kvpool-segment mounted master=... objects=N" on stdout at every mount.
+  bool print_mounts = false;
 };
 
 class MasterLink {

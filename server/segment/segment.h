@@ -1,0 +1,80 @@
+#pragma once
+
+// A running segment: its memory pool, the manifest of what it holds, the data-plane server
+// that serves the pool, and (unless embedded in the master) the link that keeps it mounted.
+// kvpool-segment runs one; kvpool-master runs one embedded; an engine may host one in its
+// own process (Mooncake's global_segment_size). Thread-safe.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/segment/data_server.h"
+#include "server/segment/master_link.h"
+#include "server/segment/memory_pool.h"
+
+namespace kvpool::segment {
+
+struct SegmentOptions {
+  uint64_t size = 0;
+  // Touch every page at start, so first writes pay no page faults.
+  bool prefault = true;
+  // Data-plane address, "ip:port" (port 0: any free port).
+  std::string listen = "127.0.0.1:0";
+  // Host clients dial (default: the listen host, or this machine's name for a wildcard).
+  std::string advertise_host;
+  // Unique in the cluster (default: the advertised host:port).
+  std::string name;
+  DataServerOptions data;
+  // gRPC address of the master to mount on; empty for a segment embedded in the master,
+  // which the master mounts itself (no link, no manifest).
+  std::string master_address;
+  // If above zero, Start() waits this long for the first mount (Unavailable if it fails).
+  absl::Duration mount_timeout = absl::ZeroDuration();
+  // Print "kvpool-segment mounted ..." on stdout at every mount (the daemon's readiness line).
+  bool print_mounts = false;
+  std::function<void()> on_drained;
+};
+
+class Segment {
+ public:
+  // InvalidArgument for a size of 0 or a bad address, ResourceExhausted if the memory cannot
+  // be had, Unavailable if the address cannot be bound or the mount does not happen in time.
+  static absl::StatusOr<std::unique_ptr<Segment>> Start(SegmentOptions options);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  // Unmounts (best effort) and stops serving. Safe to call twice.
+  void Stop();
+
+  const std::string& name() const { return name_; }
+  const std::string& host() const { return host_; }
+  // Data-plane endpoint clients dial, "host:port".
+  const std::string& endpoint() const { return endpoint_; }
+  uint64_t size() const { return pool_->size(); }
+  // The secret the master signs this segment's capability tokens with.
+  const std::string& token_secret() const { return secret_; }
+  MemoryPool& pool() { return *pool_; }
+  const Manifest& manifest() const { return manifest_; }
+  // Always true for an embedded segment.
+  bool mounted() const { return link_ == nullptr || link_->mounted(); }
+  DataServer::Stats stats() const { return server_->stats(); }
+
+ private:
+  Segment() = default;
+
+  std::string name_;
+  std::string host_;
+  std::string endpoint_;
+  std::string secret_;
+  std::unique_ptr<MemoryPool> pool_;
+  Manifest manifest_;
+  std::unique_ptr<DataServer> server_;
+  std::unique_ptr<MasterLink> link_;
+};
+
+}  // namespace kvpool::segment
