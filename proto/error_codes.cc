@@ -3,6 +3,7 @@
 #include <charconv>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvpool {
@@ -117,12 +118,19 @@ std::string ErrorCodeName(int32_t code) {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // The numeric code travels in the status details, so the other side gets it back exactly.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()),
+                      absl::StrCat(ToErrorCode(status)));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(status.error_code());
+  int32_t sent_code = 0;
+  if (absl::SimpleAtoi(status.error_details(), &sent_code) && sent_code != 0) {
+    return WithErrorCode(absl::Status(code, status.error_message()),
+                         static_cast<ErrorCode>(sent_code));
+  }
   std::string message = absl::StrCat("master RPC failed: ", status.error_message());
   if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
       code == absl::StatusCode::kCancelled || code == absl::StatusCode::kUnknown) {

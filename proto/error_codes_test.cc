@@ -51,6 +51,11 @@ TEST(ErrorCodesTest, GrpcFailuresBecomeRpcFail) {
   absl::Status bad = FromGrpcStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToGrpcStatus(absl::NotFoundError("gone")).error_code(), grpc::StatusCode::NOT_FOUND);
+  // A specific code survives the trip through gRPC.
+  absl::Status sent = FromGrpcStatus(ToGrpcStatus(ErrorStatus(v1::SEGMENT_NOT_FOUND, "no seg")));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ToErrorCode(sent), v1::SEGMENT_NOT_FOUND);
+  EXPECT_EQ(sent.message(), "no seg");
 }
 
 }  // namespace

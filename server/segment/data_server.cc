@@ -116,13 +116,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     wire::EncodeResponse({0, request_.request_id, request_.length}, response_.data());
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(response_),
                                                  asio::buffer(range, request_.length)};
+    // Counted when the answer starts: a client may have it before the write completes here.
+    server_.reads.fetch_add(1, std::memory_order_relaxed);
+    server_.bytes_read.fetch_add(request_.length, std::memory_order_relaxed);
     asio::async_write(socket_, buffers,
                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (ec) return;
-                        self->server_.reads.fetch_add(1, std::memory_order_relaxed);
-                        self->server_.bytes_read.fetch_add(self->request_.length,
-                                                           std::memory_order_relaxed);
-                        self->ReadHeader();
+                        if (!ec) self->ReadHeader();
                       });
   }
 

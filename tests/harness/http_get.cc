@@ -1,0 +1,59 @@
+#include "tests/harness/http_get.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+
+namespace kvpool::testing {
+
+absl::StatusOr<HttpReply> HttpFetch(const std::string& address, const std::string& path) {
+  absl::StatusOr<HostPort> target = ParseHostPort(address);
+  if (!target.ok()) return target.status();
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(target->port);
+  inet_pton(AF_INET, target->host.c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
+  }
+  std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
+                                     "\r\nConnection: close\r\n\r\n");
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
+  close(fd);
+  size_t space = response.find(' ');
+  size_t body = response.find("\r\n\r\n");
+  HttpReply reply;
+  if (space == std::string::npos || body == std::string::npos ||
+      !absl::SimpleAtoi(response.substr(space + 1, 3), &reply.status)) {
+    return absl::UnavailableError(absl::StrCat("malformed HTTP answer from ", address));
+  }
+  reply.body = response.substr(body + 4);
+  return reply;
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+  absl::StatusOr<HttpReply> reply = HttpFetch(address, path);
+  if (!reply.ok()) return reply.status();
+  if (reply->status != 200) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GET ", path, " answered ", reply->status, ": ", reply->body));
+  }
+  return reply->body;
+}
+
+}  // namespace kvpool::testing
