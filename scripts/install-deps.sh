@@ -16,6 +16,9 @@ build_packages=(
 test_packages=(
   python3-pytest python3-numpy python3-torch
   redis-server procps
+  # deploy checks (deploy/CMakeLists.txt): PyYAML, and Go with the sources of Helm's template
+  # functions, to build deploy/tools/helmrender offline
+  python3-yaml golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev
 )
 
 packages=("${build_packages[@]}")

@@ -1,0 +1,240 @@
+#!/usr/bin/python3
+"""Static checks of deploy/compose/docker-compose.yaml and what it mounts (no Docker engine).
+
+The compose file parses (with its ${VAR:-default} settings at their defaults); services,
+networks, volumes, dependencies and health checks refer to things that exist; every kvpool
+command runs a binary the image ships with flags the built binary accepts; the addresses the
+services use point at services and ports that listen there (segments -> master, Prometheus ->
+every /metrics, Grafana -> Prometheus); bind mounts exist; the Prometheus configuration and
+Grafana's provisioning files parse and agree with the compose file.
+"""
+
+import os
+import pathlib
+import re
+import shlex
+
+import deploylib as lib
+from deploylib import ROOT
+import yaml
+
+COMPOSE = ROOT / "deploy/compose/docker-compose.yaml"
+KVPOOL_SERVICES = {"master": "kvpool-master", "segment-1": "kvpool-segment",
+                   "segment-2": "kvpool-segment"}
+PROMETHEUS_PORT = 9090
+GRAFANA_PORT = 3000
+
+
+def interpolate(c, text):
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default} with an empty environment; $$ is $."""
+    def repl(m):
+        if m.group(0) == "$$":
+            return "$"
+        default = m.group(3)
+        c.check(default is not None, f"${{{m.group(1)}}} has no default: the file must work "
+                "without an environment")
+        return default or ""
+    return re.sub(r"\$\$|\$\{(\w+)(:?-([^}]*))?\}", repl, text)
+
+
+def shipped_binaries():
+    text = (ROOT / "deploy/docker/Dockerfile").read_text(encoding="utf-8")
+    m = re.search(r"for\s+binary\s+in\s+([^;]+);", text)
+    return m.group(1).split() if m else []
+
+
+def listen_ports(binary, args):
+    """{flag: port} of the addresses a kvpool server listens on, with the binary's defaults."""
+    ports = {}
+    for flag in ("listen", "http_listen"):
+        value = lib.flag_value(args, flag)
+        ports[flag] = lib.host_port(value)[1] if value else lib.default_port(binary, flag)
+    return ports
+
+
+def mount_source(volume):
+    """(source, target, read-only) of a short-syntax volume entry."""
+    parts = volume.split(":")
+    return parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")
+
+
+def main():
+    c = lib.Checker("compose")
+    compose_dir = COMPOSE.parent
+    doc = yaml.safe_load(interpolate(c, COMPOSE.read_text(encoding="utf-8")))
+    services = doc.get("services", {})
+    networks = doc.get("networks", {}) or {}
+    volumes = doc.get("volumes", {}) or {}
+    c.check(set(KVPOOL_SERVICES) | {"prometheus", "grafana"} <= set(services),
+            f"services should include master, segment-1, segment-2, prometheus, grafana; got "
+            f"{sorted(services)}")
+    c.check(bool(networks), "declare a private network for the pool")
+    binaries = shipped_binaries()
+
+    # Every service: on the private network, known volumes, dependencies, health checks.
+    for name, svc in services.items():
+        nets = svc.get("networks", [])
+        nets = list(nets) if isinstance(nets, (list, dict)) else []
+        c.check(bool(nets) and all(n in networks for n in nets),
+                f"{name}: must join the declared private network(s) {sorted(networks)}, got {nets}")
+        for entry in svc.get("volumes", []):
+            source, target, _ = mount_source(entry)
+            if source.startswith((".", "/")):
+                path = (compose_dir / source).resolve()
+                c.check(path.exists(), f"{name}: bind mount {source} does not exist ({lib.rel(path)})")
+            else:
+                c.check(source in volumes, f"{name}: volume {source} is not declared")
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            c.check(dep in services, f"{name}: depends on unknown service {dep}")
+            if isinstance(cond, dict) and cond.get("condition") == "service_healthy":
+                c.check("healthcheck" in services.get(dep, {}),
+                        f"{name}: waits for {dep} to be healthy, but {dep} has no healthcheck")
+        c.check("healthcheck" in svc, f"{name}: no healthcheck")
+        for published in svc.get("ports", []):
+            c.check(str(published).startswith("127.0.0.1:"),
+                    f"{name}: publish ports on the host's loopback only, not {published}")
+
+    # kvpool services: the image built from the Dockerfile, commands and flags.
+    listen = {}
+    commands = {}
+    for name, binary in KVPOOL_SERVICES.items():
+        svc = services.get(name)
+        if svc is None:
+            continue
+        build = svc.get("build", {})
+        context = (compose_dir / build.get("context", ".")).resolve()
+        c.check(context == ROOT, f"{name}: build context should be the repository root, got "
+                f"{lib.rel(context)}")
+        c.check((context / build.get("dockerfile", "Dockerfile")) ==
+                ROOT / "deploy/docker/Dockerfile",
+                f"{name}: build with deploy/docker/Dockerfile")
+        c.check(svc.get("read_only") is True and "ALL" in svc.get("cap_drop", []),
+                f"{name}: run with a read-only root and no capabilities")
+        cmd = svc.get("command", [])
+        cmd = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        c.check(bool(cmd) and cmd[0] == binary and binary in binaries,
+                f"{name}: command should run {binary} (shipped by the image), got {cmd[:1]}")
+        args = cmd[1:]
+        known = lib.source_flags(binary)
+        for a in args:
+            c.check(lib.flag_name(a) in known, f"{name}: {a} is not a flag of {binary}")
+        try:
+            problem = lib.check_flags_with_binary(binary, args)
+            c.check(problem is None, f"{name}: {binary} rejects its flags: {problem}")
+        except LookupError:
+            c.note(f"{binary} is not built: {name}'s flags checked against the sources only")
+        commands[name] = args
+        ports = listen_ports(binary, args)
+        listen[name] = ports
+        for flag in ("listen", "http_listen"):
+            value = lib.flag_value(args, flag)
+            c.check(value is not None and lib.host_port(value)[0] in ("0.0.0.0", "::"),
+                    f"{name}: --{flag.replace('_', '-')} must listen on all addresses in the "
+                    f"container (got {value}; the default is loopback only)")
+        # Health check: kvpool-http-check on the service's HTTP port.
+        test = svc.get("healthcheck", {}).get("test", [])
+        c.check(test[:2] == ["CMD", "kvpool-http-check"] and len(test) >= 4,
+                f"{name}: health check should run kvpool-http-check HOST:PORT PATH")
+        if len(test) >= 4:
+            host, port = lib.host_port(test[2])
+            c.check(port == ports["http_listen"],
+                    f"{name}: health check port {port}, but the service's HTTP port is "
+                    f"{ports['http_listen']}")
+            c.check(test[3] in ("/healthz", "/readyz"), f"{name}: health check path {test[3]}")
+        for published in svc.get("ports", []):
+            container_port = int(str(published).rsplit(":", 1)[1].split("/")[0])
+            c.check(container_port in ports.values(),
+                    f"{name}: publishes {container_port}, where nothing listens")
+
+    # Segments mount on the master and advertise a name the network resolves.
+    master_port = listen.get("master", {}).get("listen")
+    names = set()
+    for name, args in commands.items():
+        if KVPOOL_SERVICES[name] != "kvpool-segment":
+            continue
+        target = lib.flag_value(args, "master") or "127.0.0.1:50051"
+        host, port = lib.host_port(target)
+        c.check(host in services and KVPOOL_SERVICES.get(host) == "kvpool-master" and
+                port == master_port,
+                f"{name}: --master={target} is not the master service's gRPC port "
+                f"(master:{master_port})")
+        advertise = lib.flag_value(args, "advertise_host")
+        c.check(advertise == name, f"{name}: --advertise-host should be the service name {name} "
+                f"(what other containers resolve), got {advertise}")
+        segment_name = lib.flag_value(args, "name")
+        c.check(segment_name and segment_name not in names, f"{name}: --name must be unique")
+        names.add(segment_name)
+        depends = services[name].get("depends_on", {})
+        c.check("master" in depends, f"{name}: should start after the master")
+
+    # Prometheus: its configuration is the one in deploy/prometheus, its targets listen.
+    prom = services.get("prometheus", {})
+    mounts = {mount_source(v)[1]: mount_source(v) for v in prom.get("volumes", [])}
+    config_arg = next((a.split("=", 1)[1] for a in prom.get("command", [])
+                       if a.startswith("--config.file=")), "/etc/prometheus/prometheus.yml")
+    config_mount = mounts.get(config_arg)
+    c.check(config_mount is not None and
+            (compose_dir / config_mount[0]).resolve() == ROOT / "deploy/prometheus/prometheus.yml",
+            f"prometheus: {config_arg} should be deploy/prometheus/prometheus.yml")
+    config = lib.load_yaml(ROOT / "deploy/prometheus/prometheus.yml")
+    for rule_file in config.get("rule_files", []):
+        m = mounts.get(rule_file)
+        c.check(m is not None and (compose_dir / m[0]).resolve().is_file(),
+                f"prometheus: rule file {rule_file} is not mounted from the tree")
+    scraped = set()
+    for job in config.get("scrape_configs", []):
+        path = job.get("metrics_path", "/metrics")
+        for static in job.get("static_configs", []):
+            for target in static.get("targets", []):
+                host, port = lib.host_port(target)
+                if host in ("127.0.0.1", "localhost"):
+                    c.check(port == PROMETHEUS_PORT, f"prometheus: target {target} is not itself")
+                    continue
+                c.check(host in services, f"prometheus job {job['job_name']}: target {target} "
+                        f"is not a compose service")
+                if host in listen:
+                    c.check(port == listen[host]["http_listen"] and path == "/metrics",
+                            f"prometheus job {job['job_name']}: {target}{path} is not the "
+                            f"/metrics of {host} (HTTP port {listen[host]['http_listen']})")
+                    scraped.add(host)
+    c.check(scraped == set(KVPOOL_SERVICES), f"prometheus should scrape every kvpool service; "
+            f"scrapes {sorted(scraped)}")
+    jobs = {j["job_name"] for j in config.get("scrape_configs", [])}
+    c.check({"kvpool-master", "kvpool-segment"} <= jobs,
+            "prometheus job names kvpool-master and kvpool-segment are what the alert rules and "
+            "the chart's ServiceMonitor use")
+    for published in prom.get("ports", []):
+        c.check(str(published).endswith(f":{PROMETHEUS_PORT}"), f"prometheus publishes {published}")
+
+    # Grafana: provisioning and dashboards from deploy/grafana, data source = the Prometheus.
+    graf = services.get("grafana", {})
+    gm = {mount_source(v)[1]: mount_source(v) for v in graf.get("volumes", [])}
+    prov = gm.get("/etc/grafana/provisioning")
+    c.check(prov is not None and
+            (compose_dir / prov[0]).resolve() == ROOT / "deploy/grafana/provisioning",
+            "grafana: /etc/grafana/provisioning should be deploy/grafana/provisioning")
+    datasources = lib.load_yaml(ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml")
+    urls = [d.get("url", "") for d in datasources.get("datasources", [])]
+    c.check(f"http://prometheus:{PROMETHEUS_PORT}" in urls,
+            f"grafana: the data source should be http://prometheus:{PROMETHEUS_PORT}, got {urls}")
+    c.check(any(d.get("type") == "prometheus" and d.get("isDefault") for d in
+                datasources.get("datasources", [])), "grafana: a default Prometheus data source")
+    providers = lib.load_yaml(ROOT / "deploy/grafana/provisioning/dashboards/kvpool.yaml")
+    for p in providers.get("providers", []):
+        path = p.get("options", {}).get("path")
+        m = gm.get(path)
+        c.check(m is not None and (compose_dir / m[0]).resolve() == ROOT / "deploy/grafana/dashboards",
+                f"grafana: dashboards path {path} should be a mount of deploy/grafana/dashboards")
+    home = graf.get("environment", {}).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
+    if home:
+        m = next((m for t, m in gm.items() if home.startswith(t + "/")), None)
+        c.check(m is not None and
+                ((compose_dir / m[0]).resolve() / os.path.relpath(home, m[1])).is_file(),
+                f"grafana: home dashboard {home} is not a mounted file")
+    for published in graf.get("ports", []):
+        c.check(str(published).endswith(f":{GRAFANA_PORT}"), f"grafana publishes {published}")
+    return c.finish()
+
+
+if __name__ == "__main__":
+    lib.main_guard(main)

@@ -1,0 +1,142 @@
+{{/*
+Names, labels and shared pieces of the kvpool chart.
+*/}}
+
+{{- define "kvpool.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name prefix of every object: RELEASE-kvpool, or RELEASE when it already contains the chart
+name. Object names add "-master" or "-segment", so this stays within 56 characters.
+*/}}
+{{- define "kvpool.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 56 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 56 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 56 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kvpool.masterName" -}}
+{{ include "kvpool.fullname" . }}-master
+{{- end }}
+
+{{- define "kvpool.segmentName" -}}
+{{ include "kvpool.fullname" . }}-segment
+{{- end }}
+
+{{- define "kvpool.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "kvpool.labels" -}}
+helm.sh/chart: {{ include "kvpool.chart" . }}
+{{ include "kvpool.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select this release's pods (add app.kubernetes.io/component). */}}
+{{- define "kvpool.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvpool.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kvpool.image" -}}
+{{ required "image.repository is required" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "kvpool.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kvpool.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* gRPC address segments and clients call the master at. */}}
+{{- define "kvpool.masterAddress" -}}
+{{- if .Values.segment.masterAddress }}
+{{- .Values.segment.masterAddress }}
+{{- else }}
+{{- include "kvpool.masterName" . }}.{{ .Release.Namespace }}.svc:{{ .Values.master.grpcPort }}
+{{- end }}
+{{- end }}
+
+{{/* "HOST:PORT" a server binds in its pod. */}}
+{{- define "kvpool.listen" -}}
+{{ .root.Values.listenAddress }}:{{ .port }}
+{{- end }}
+
+{{/* Memory of the master container, in MiB: its own plus the embedded segment's pool. */}}
+{{- define "kvpool.masterMemoryMiB" -}}
+{{ add (int64 .Values.master.memoryMiB) (int64 .Values.master.embeddedSegment.sizeMiB) }}
+{{- end }}
+
+{{/*
+Memory of a segment container, in MiB: the pool and the process, or only the process when the
+pool is allocated from huge pages (hugepages.enabled and hugepages.passFlag).
+*/}}
+{{- define "kvpool.segmentMemoryMiB" -}}
+{{- $pool := int64 .Values.segment.pool.sizeMiB }}
+{{- $overhead := int64 .Values.segment.pool.overheadMiB }}
+{{- if and .Values.segment.hugepages.enabled .Values.segment.hugepages.passFlag }}
+{{- $overhead }}
+{{- else }}
+{{- add $pool $overhead }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container resources: the user's CPU requests and limits with the computed memory (and huge
+pages) added. Arguments: dict "resources" (the values stanza), "memoryMiB", "hugepagesMiB" (0:
+none), "what" (for messages).
+*/}}
+{{- define "kvpool.resources" -}}
+{{- $requests := deepCopy (default dict .resources.requests) }}
+{{- $limits := deepCopy (default dict .resources.limits) }}
+{{- if or (hasKey $requests "memory") (hasKey $limits "memory") }}
+{{- fail (printf "%s.resources: do not set memory; it is computed (see values.yaml)" .what) }}
+{{- end }}
+{{- $memory := printf "%dMi" (int64 .memoryMiB) }}
+{{- $_ := set $requests "memory" $memory }}
+{{- $_ := set $limits "memory" $memory }}
+{{- if gt (int64 .hugepagesMiB) 0 }}
+{{- $pages := printf "%dMi" (int64 .hugepagesMiB) }}
+{{- $_ := set $requests "hugepages-2Mi" $pages }}
+{{- $_ := set $limits "hugepages-2Mi" $pages }}
+{{- end -}}
+requests:
+  {{- toYaml $requests | nindent 2 }}
+limits:
+  {{- toYaml $limits | nindent 2 }}
+{{- end }}
+
+{{/* Values that cannot work together fail the render with a message. */}}
+{{- define "kvpool.validate" -}}
+{{- if .Values.highAvailability.enabled }}
+{{- fail "highAvailability.enabled: several masters with leader election through etcd are not implemented yet (kvpool-master has no etcd flags); leave it false" }}
+{{- end }}
+{{- if and (not .Values.segment.enabled) (eq (int64 .Values.master.embeddedSegment.sizeMiB) 0) }}
+{{- fail "the pool has no memory: enable segment (the DaemonSet) or set master.embeddedSegment.sizeMiB" }}
+{{- end }}
+{{- if and .Values.segment.enabled (le (int64 .Values.segment.pool.sizeMiB) 0) }}
+{{- fail "segment.pool.sizeMiB must be above 0" }}
+{{- end }}
+{{- if and .Values.segment.enabled .Values.segment.hugepages.enabled (ne (mod (int64 .Values.segment.pool.sizeMiB) 2) 0) }}
+{{- fail "segment.pool.sizeMiB must be a multiple of 2 (MiB) with hugepages.enabled (2 MiB pages)" }}
+{{- end }}
+{{- if and .Values.segment.hugepages.passFlag (not .Values.segment.hugepages.enabled) }}
+{{- fail "segment.hugepages.passFlag needs segment.hugepages.enabled" }}
+{{- end }}
+{{- end }}
