@@ -115,10 +115,12 @@ def default_port(binary, flag):
 
 
 def cmake_binaries():
-    """Names of the executables the tree builds (kvpool_binary and add_executable, no tests)."""
+    """Names of the executables the tree builds for the server image (kvpool_binary and
+    add_executable, no tests). The GPU tools under kernels/ need CUDA, which the image has not."""
     names = set()
-    for f in ROOT.rglob("CMakeLists.txt"):
-        if "build" in f.relative_to(ROOT).parts[:1]:
+    for path in git_tracked_files():
+        f = ROOT / path
+        if f.name != "CMakeLists.txt" or f.relative_to(ROOT).parts[0] == "kernels":
             continue
         text = re.sub(r"#[^\n]*", "", f.read_text(encoding="utf-8"))
         names.update(re.findall(r"kvpool_binary\(\s*([\w-]+)", text))
