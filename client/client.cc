@@ -6,6 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/master_client.h"
 #include "client/tcp_transport.h"
+#include "common/latency_histogram.h"
+#include "common/metric_families.h"
+#include "kvpool/client_metrics.h"
 #include "common/net.h"
 #include "proto/checksum.h"
 #include "proto/error_codes.h"
@@ -63,6 +66,13 @@ struct Client::Impl {
                    std::vector<size_t> wanted, const std::vector<std::vector<iovec>>& targets,
                    const GetOptions& options, std::vector<absl::StatusOr<uint64_t>>& results);
 
+  // Steps P1 to P3 for a batch.
+  std::vector<absl::Status> BatchPutOnce(absl::Span<const PutItem> items,
+                                         const PutOptions& options);
+
+  // Steps G1 and G2 for one key whose size the caller does not know.
+  absl::StatusOr<std::string> GetValue(absl::string_view key, const GetOptions& options);
+
   // Step G1 then G2 for a batch, once.
   std::vector<absl::StatusOr<uint64_t>> BatchGetOnce(absl::Span<const GetItem> items,
                                                      const GetOptions& options);
@@ -74,7 +84,29 @@ struct Client::Impl {
   const std::string local_host;
   client::MasterClient master;
   std::unique_ptr<client::Transport> transport;
+
+  // Metrics (ClientMetrics, MetricsText): whole calls, and the bytes of the keys that made it.
+  LatencyHistogram put_latency;
+  LatencyHistogram get_latency;
+  std::atomic<uint64_t> bytes_put{0};
+  std::atomic<uint64_t> bytes_got{0};
 };
+
+std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
+  const Client::Impl& impl = *client_.impl_;
+  MetricFamilies families;
+  families.Histogram("kvpool_client_put_duration_seconds", "Time of a client's put calls.",
+                     impl.put_latency.Snapshot());
+  families.Histogram("kvpool_client_get_duration_seconds", "Time of a client's get calls.",
+                     impl.get_latency.Snapshot());
+  families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
+                   static_cast<double>(impl.bytes_put.load()), {{"op", "put"}});
+  families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
+                   static_cast<double>(impl.bytes_got.load()), {{"op", "get"}});
+  return families.Take();
+}
+
+std::string Client::MetricsText() const { return SerializeMetrics(ClientMetrics(*this).Collect()); }
 
 std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) const {
   std::vector<int> order(result.replicas_size());
@@ -218,6 +250,20 @@ absl::Status Client::Put(absl::string_view key, absl::string_view value, const P
 
 std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
                                            const PutOptions& options) {
+  absl::Time started = absl::Now();
+  std::vector<absl::Status> results = impl_->BatchPutOnce(items, options);
+  impl_->put_latency.Observe(absl::Now() - started);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!results[i].ok()) continue;
+    for (const ConstBuffer& part : items[i].parts) bytes += part.size;
+  }
+  impl_->bytes_put.fetch_add(bytes, std::memory_order_relaxed);
+  return results;
+}
+
+std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> items,
+                                                     const PutOptions& options) {
   const size_t n = items.size();
   std::vector<absl::Status> results(n);
   if (n == 0) return results;
@@ -228,13 +274,13 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
   start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
                 : options.pin == PinMode::kSoft ? v1::PIN_SOFT
                                                 : v1::PIN_NONE);
-  if (options.prefer_local_segment) start.set_preferred_host(impl_->local_host);
+  if (options.prefer_local_segment) start.set_preferred_host(local_host);
   for (const PutItem& item : items) {
     start.add_keys(item.key);
     start.add_sizes(std::accumulate(item.parts.begin(), item.parts.end(), uint64_t{0},
                                     [](uint64_t sum, const ConstBuffer& b) { return sum + b.size; }));
   }
-  absl::StatusOr<v1::BatchPutStartResponse> reserved = impl_->master.BatchPutStart(start);
+  absl::StatusOr<v1::BatchPutStartResponse> reserved = master.BatchPutStart(start);
   if (reserved.ok() && reserved->results_size() != static_cast<int>(n)) {
     reserved = CountMismatch(reserved->results_size(), n);
   }
@@ -274,7 +320,7 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
       owners.push_back(i);
     }
   }
-  impl_->transport->Execute(absl::MakeSpan(ops), impl_->TransferDeadline());
+  transport->Execute(absl::MakeSpan(ops), TransferDeadline());
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!ops[k].status.ok() && results[owners[k]].ok()) results[owners[k]] = ops[k].status;
   }
@@ -292,7 +338,7 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
     if (results[i].ok()) committed.push_back(i);
   }
   if (!committed.empty()) {
-    absl::StatusOr<v1::BatchPutEndResponse> ended = impl_->master.BatchPutEnd(end);
+    absl::StatusOr<v1::BatchPutEndResponse> ended = master.BatchPutEnd(end);
     if (ended.ok() && ended->results_size() != static_cast<int>(committed.size())) {
       ended = CountMismatch(ended->results_size(), committed.size());
     }
@@ -305,7 +351,7 @@ std::vector<absl::Status> Client::BatchPut(absl::Span<const PutItem> items,
   }
   if (revoke.items_size() > 0) {
     // Best effort: a reservation that is not revoked expires on the master by itself.
-    (void)impl_->master.BatchPutRevoke(revoke);
+    (void)master.BatchPutRevoke(revoke);
   }
   return results;
 }
@@ -317,6 +363,15 @@ absl::StatusOr<uint64_t> Client::Get(absl::string_view key, absl::Span<const Mut
 }
 
 absl::StatusOr<std::string> Client::Get(absl::string_view key, const GetOptions& options) {
+  absl::Time started = absl::Now();
+  absl::StatusOr<std::string> value = impl_->GetValue(key, options);
+  impl_->get_latency.Observe(absl::Now() - started);
+  if (value.ok()) impl_->bytes_got.fetch_add(value->size(), std::memory_order_relaxed);
+  return value;
+}
+
+absl::StatusOr<std::string> Client::Impl::GetValue(absl::string_view key,
+                                                   const GetOptions& options) {
   // The size is known only once the master answers: ask, allocate, then read. A read that
   // lost its lease (LEASE_EXPIRED) is retried once with a fresh answer.
   absl::Status status;
@@ -325,7 +380,7 @@ absl::StatusOr<std::string> Client::Get(absl::string_view key, const GetOptions&
     request.add_keys(std::string(key));
     absl::Time located_at = absl::Now();
     absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-        impl_->master.BatchGetReplicaList(request);
+        master.BatchGetReplicaList(request);
     if (located.ok() && located->results_size() != 1) {
       located = CountMismatch(located->results_size(), 1);
     }
@@ -336,7 +391,7 @@ absl::StatusOr<std::string> Client::Get(absl::string_view key, const GetOptions&
     std::string value(result.size(), '\0');
     std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
     std::vector<absl::StatusOr<uint64_t>> results(1);
-    impl_->ReadLocated(*located, located_at, {0}, targets, options, results);
+    ReadLocated(*located, located_at, {0}, targets, options, results);
     if (results[0].ok()) return value;
     status = results[0].status();
     if (ToErrorCode(status) != v1::LEASE_EXPIRED) break;
@@ -346,6 +401,7 @@ absl::StatusOr<std::string> Client::Get(absl::string_view key, const GetOptions&
 
 std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem> items,
                                                        const GetOptions& options) {
+  absl::Time started = absl::Now();
   std::vector<absl::StatusOr<uint64_t>> results = impl_->BatchGetOnce(items, options);
   // Reads that lost their lease get one more try with a fresh answer from the master.
   std::vector<size_t> expired;
@@ -360,6 +416,10 @@ std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem>
     std::vector<absl::StatusOr<uint64_t>> retried = impl_->BatchGetOnce(again, options);
     for (size_t k = 0; k < expired.size(); ++k) results[expired[k]] = std::move(retried[k]);
   }
+  impl_->get_latency.Observe(absl::Now() - started);
+  uint64_t bytes = 0;
+  for (const absl::StatusOr<uint64_t>& result : results) bytes += result.value_or(0);
+  impl_->bytes_got.fetch_add(bytes, std::memory_order_relaxed);
   return results;
 }
 
@@ -445,6 +505,10 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   status.evicted_objects = response->evicted_objects();
   status.evicted_bytes = response->evicted_bytes();
   status.reclaimed_reservations = response->reclaimed_reservations();
+  status.get_hits = response->get_hits();
+  status.get_misses = response->get_misses();
+  status.put_deduplicated = response->put_deduplicated();
+  status.put_no_space = response->put_no_space();
   for (const v1::SegmentStatus& s : response->segments()) {
     status.segments.push_back(SegmentStatus{
         .name = s.name(),

@@ -233,6 +233,10 @@ int Status(kvpool::Client& client, bool segments_only) {
                                ",\"evicted_objects\":", status->evicted_objects,
                                ",\"evicted_bytes\":", status->evicted_bytes,
                                ",\"reclaimed_reservations\":", status->reclaimed_reservations,
+                               ",\"get_hits\":", status->get_hits,
+                               ",\"get_misses\":", status->get_misses,
+                               ",\"put_deduplicated\":", status->put_deduplicated,
+                               ",\"put_no_space\":", status->put_no_space,
                                ",\"segments\":", segments, "}")
                       .c_str());
     }
@@ -252,6 +256,14 @@ int Status(kvpool::Client& client, bool segments_only) {
                 static_cast<unsigned long long>(status->leased_objects),
                 static_cast<unsigned long long>(status->soft_pinned_objects),
                 static_cast<unsigned long long>(status->hard_pinned_objects));
+    uint64_t lookups = status->get_hits + status->get_misses;
+    std::printf("gets       %llu hits, %llu misses (%.1f%% hit rate)\n",
+                static_cast<unsigned long long>(status->get_hits),
+                static_cast<unsigned long long>(status->get_misses),
+                lookups ? 100.0 * static_cast<double>(status->get_hits) / lookups : 0.0);
+    std::printf("puts       %llu deduplicated, %llu under pressure (NO_AVAILABLE_HANDLE)\n",
+                static_cast<unsigned long long>(status->put_deduplicated),
+                static_cast<unsigned long long>(status->put_no_space));
     std::printf("evicted    %llu objects (%s) since the master started\n",
                 static_cast<unsigned long long>(status->evicted_objects),
                 kvpool::FormatSize(status->evicted_bytes).c_str());

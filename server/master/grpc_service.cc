@@ -10,15 +10,16 @@ constexpr size_t kMaxRecordsPerHeartbeat = 4096;
 // Longest a heartbeat is held when there is nothing to send.
 constexpr absl::Duration kMaxHeartbeatHold = absl::Seconds(5);
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 void SetResult(const absl::Status& status, v1::KeyResult* out) {
   out->set_code(ToErrorCode(status));
   if (!status.ok()) out->set_message(std::string(status.message()));
+}
+
+std::vector<int32_t> Codes(absl::Span<const absl::Status> statuses) {
+  std::vector<int32_t> codes;
+  codes.reserve(statuses.size());
+  for (const absl::Status& status : statuses) codes.push_back(ToErrorCode(status));
+  return codes;
 }
 
 void ToProto(const PlacementView& placement, v1::Placement* out) {
@@ -66,16 +67,38 @@ std::vector<std::string> ToKeys(const google::protobuf::RepeatedPtrField<std::st
 
 }  // namespace
 
-void MasterGrpcService::FinishWhenDurable(grpc::ServerUnaryReactor* reactor,
-                                          ManifestSync::Ticket ticket) {
+// One call in progress: finishing it answers the client and records it in the metrics.
+class MasterGrpcService::Call {
+ public:
+  Call(MasterMetrics& metrics, Rpc rpc, grpc::CallbackServerContext* context)
+      : metrics_(&metrics), rpc_(rpc), reactor_(context->DefaultReactor()), start_(absl::Now()) {}
+
+  grpc::ServerUnaryReactor* Finish(const absl::Status& status) const {
+    metrics_->RecordCall(rpc_, status.ok(), absl::Now() - start_);
+    reactor_->Finish(ToGrpcStatus(status));
+    return reactor_;
+  }
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+
+ private:
+  MasterMetrics* metrics_;
+  Rpc rpc_;
+  grpc::ServerUnaryReactor* reactor_;
+  absl::Time start_;
+};
+
+grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(const Call& call,
+                                                               ManifestSync::Ticket ticket) {
   master_.manifest_sync().Wait(std::move(ticket),
                                absl::Now() + master_.options().manifest_sync_timeout,
-                               [reactor](bool) { reactor->Finish(grpc::Status::OK); });
+                               [call](bool) { call.Finish(absl::OkStatus()); });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerContext* context,
                                                           const v1::MountSegmentRequest* request,
                                                           v1::MountSegmentResponse* response) {
+  Call call(metrics_, Rpc::kMountSegment, context);
   SegmentInfo info;
   info.name = request->name();
   info.host = request->host();
@@ -89,12 +112,13 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().heartbeat_interval)));
   response->set_heartbeat_ttl_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().segment_ttl)));
-  return Finish(context, status);
+  return call.Finish(status);
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::RestoreManifest(
     grpc::CallbackServerContext* context, const v1::RestoreManifestRequest* request,
     v1::RestoreManifestResponse* response) {
+  Call call(metrics_, Rpc::kRestoreManifest, context);
   std::vector<ManifestRecord> records;
   records.reserve(request->records_size());
   for (const v1::ManifestRecord& r : request->records()) {
@@ -103,42 +127,40 @@ grpc::ServerUnaryReactor* MasterGrpcService::RestoreManifest(
   }
   absl::StatusOr<std::vector<std::string>> refused =
       master_.RestoreManifest(request->name(), request->incarnation(), records);
-  if (!refused.ok()) return Finish(context, refused.status());
+  if (!refused.ok()) return call.Finish(refused.status());
   for (std::string& key : *refused) response->add_refused_keys(std::move(key));
   if (request->done()) {
-    return Finish(context, master_.FinishRestore(request->name(), request->incarnation()));
+    return call.Finish(master_.FinishRestore(request->name(), request->incarnation()));
   }
-  return Finish(context, absl::OkStatus());
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::UnmountSegment(
     grpc::CallbackServerContext* context, const v1::UnmountSegmentRequest* request,
     v1::UnmountSegmentResponse* response) {
+  Call call(metrics_, Rpc::kUnmountSegment, context);
   absl::StatusOr<uint64_t> dropped =
       master_.UnmountSegment(request->name(), request->incarnation());
   if (dropped.ok()) response->set_objects_dropped(*dropped);
-  return Finish(context, dropped.status());
+  return call.Finish(dropped.status());
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerContext* context,
                                                        const v1::HeartbeatRequest* request,
                                                        v1::HeartbeatResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Call call(metrics_, Rpc::kHeartbeat, context);
   Master::HeartbeatReply reply = master_.Heartbeat(request->name(), request->incarnation());
   response->set_known(reply.known);
   response->set_drained(reply.drained);
-  if (!reply.segment) {
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
+  if (!reply.segment) return call.Finish(absl::OkStatus());
   SegmentId segment = *reply.segment;
   uint64_t acked = request->acked_seq();
-  auto answer = [this, reactor, response, segment, acked] {
+  auto answer = [this, call, response, segment, acked] {
     ManifestSync::Batch batch =
         master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat);
     for (const ManifestRecord& record : batch.records) ToProto(record, response->add_records());
     response->set_last_seq(batch.last_seq);
-    reactor->Finish(grpc::Status::OK);
+    call.Finish(absl::OkStatus());
   };
   absl::Duration hold = std::min(absl::Milliseconds(request->wait_ms()), kMaxHeartbeatHold);
   if (hold <= absl::ZeroDuration()) {
@@ -146,20 +168,23 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
   } else {
     master_.manifest_sync().Poll(segment, absl::Now() + hold, std::move(answer));
   }
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
     grpc::CallbackServerContext* context, const v1::BatchPutStartRequest* request,
     v1::BatchPutStartResponse* response) {
+  Call call(metrics_, Rpc::kBatchPutStart, context);
   std::vector<uint64_t> sizes(request->sizes().begin(), request->sizes().end());
   PutStartOptions options{.replica_num = request->replica_num(),
                           .pin = FromProto(request->pin()),
                           .preferred_host = request->preferred_host()};
   absl::StatusOr<std::vector<PutStartResult>> results =
       master_.BatchPutStart(ToKeys(request->keys()), sizes, options);
-  if (!results.ok()) return Finish(context, results.status());
+  if (!results.ok()) return call.Finish(results.status());
+  std::vector<int32_t> codes;
   for (const PutStartResult& result : *results) {
+    codes.push_back(ToErrorCode(result.status));
     v1::PutStartResult* out = response->add_results();
     out->set_code(ToErrorCode(result.status));
     if (!result.status.ok()) out->set_message(std::string(result.status.message()));
@@ -168,35 +193,40 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
       ToProto(placement, out->add_placements());
     }
   }
-  return Finish(context, absl::OkStatus());
+  metrics_.RecordKeyCodes(Rpc::kBatchPutStart, codes);
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerContext* context,
                                                          const v1::BatchPutEndRequest* request,
                                                          v1::BatchPutEndResponse* response) {
+  Call call(metrics_, Rpc::kBatchPutEnd, context);
   Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items()));
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishWhenDurable(reactor, std::move(ended.ticket));
-  return reactor;
+  metrics_.RecordKeyCodes(Rpc::kBatchPutEnd, Codes(ended.results));
+  return FinishWhenDurable(call, std::move(ended.ticket));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
     grpc::CallbackServerContext* context, const v1::BatchPutRevokeRequest* request,
     v1::BatchPutRevokeResponse* response) {
-  for (const absl::Status& status : master_.BatchPutRevoke(ToPutRefs(request->items()))) {
-    SetResult(status, response->add_results());
-  }
-  return Finish(context, absl::OkStatus());
+  Call call(metrics_, Rpc::kBatchPutRevoke, context);
+  std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items()));
+  for (const absl::Status& status : revoked) SetResult(status, response->add_results());
+  metrics_.RecordKeyCodes(Rpc::kBatchPutRevoke, Codes(revoked));
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
     grpc::CallbackServerContext* context, const v1::BatchGetReplicaListRequest* request,
     v1::BatchGetReplicaListResponse* response) {
+  Call call(metrics_, Rpc::kBatchGetReplicaList, context);
   absl::Time now = absl::Now();
+  std::vector<int32_t> codes;
   for (const GetResult& result : master_.BatchGetReplicaList(ToKeys(request->keys()))) {
+    codes.push_back(ToErrorCode(result.status));
     v1::GetResult* out = response->add_results();
-    out->set_code(ToErrorCode(result.status));
+    out->set_code(codes.back());
     if (!result.status.ok()) {
       out->set_message(std::string(result.status.message()));
       continue;
@@ -209,49 +239,56 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
       ToProto(placement, out->add_replicas());
     }
   }
-  return Finish(context, absl::OkStatus());
+  metrics_.RecordKeyCodes(Rpc::kBatchGetReplicaList, codes);
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchExist(grpc::CallbackServerContext* context,
                                                         const v1::BatchExistRequest* request,
                                                         v1::BatchExistResponse* response) {
+  Call call(metrics_, Rpc::kBatchExist, context);
+  std::vector<int32_t> codes;
   for (const absl::StatusOr<bool>& exists : master_.BatchExist(ToKeys(request->keys()))) {
     v1::ExistResult* out = response->add_results();
     out->set_code(ToErrorCode(exists.status()));
     out->set_exists(exists.ok() && *exists);
+    // Counted as a lookup: OK when the key exists, OBJECT_NOT_FOUND when it does not.
+    codes.push_back(!exists.ok() ? out->code() : *exists ? v1::OK : v1::OBJECT_NOT_FOUND);
   }
-  return Finish(context, absl::OkStatus());
+  metrics_.RecordKeyCodes(Rpc::kBatchExist, codes);
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerContext* context,
                                                          const v1::BatchRemoveRequest* request,
                                                          v1::BatchRemoveResponse* response) {
+  Call call(metrics_, Rpc::kBatchRemove, context);
   Durable<absl::Status> removed = master_.BatchRemove(ToKeys(request->keys()), request->force());
   for (const absl::Status& status : removed.results) SetResult(status, response->add_results());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishWhenDurable(reactor, std::move(removed.ticket));
-  return reactor;
+  metrics_.RecordKeyCodes(Rpc::kBatchRemove, Codes(removed.results));
+  return FinishWhenDurable(call, std::move(removed.ticket));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerContext* context,
                                                        const v1::RemoveAllRequest* request,
                                                        v1::RemoveAllResponse* response) {
+  Call call(metrics_, Rpc::kRemoveAll, context);
   Durable<uint64_t> removed = master_.RemoveAll(request->force());
   response->set_removed(removed.results[0]);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishWhenDurable(reactor, std::move(removed.ticket));
-  return reactor;
+  return FinishWhenDurable(call, std::move(removed.ticket));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerContext* context,
                                                           const v1::DrainSegmentRequest* request,
                                                           v1::DrainSegmentResponse* response) {
-  return Finish(context, master_.DrainSegment(request->name()));
+  Call call(metrics_, Rpc::kDrainSegment, context);
+  return call.Finish(master_.DrainSegment(request->name()));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
     grpc::CallbackServerContext* context, const v1::GetClusterStatusRequest* request,
     v1::GetClusterStatusResponse* response) {
+  Call call(metrics_, Rpc::kGetClusterStatus, context);
   ClusterSummary summary = master_.GetClusterSummary();
   response->set_capacity_bytes(summary.capacity_bytes);
   response->set_used_bytes(summary.used_bytes);
@@ -264,6 +301,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
   response->set_evicted_objects(counters.evicted_objects.load());
   response->set_evicted_bytes(counters.evicted_bytes.load());
   response->set_reclaimed_reservations(counters.reclaimed_reservations.load());
+  response->set_get_hits(metrics_.KeyResults(Rpc::kBatchGetReplicaList, v1::OK));
+  response->set_get_misses(metrics_.KeyResults(Rpc::kBatchGetReplicaList, v1::OBJECT_NOT_FOUND));
+  response->set_put_deduplicated(
+      metrics_.KeyResults(Rpc::kBatchPutStart, v1::OBJECT_ALREADY_EXISTS));
+  response->set_put_no_space(metrics_.KeyResults(Rpc::kBatchPutStart, v1::NO_AVAILABLE_HANDLE));
   for (const SegmentSummary& segment : summary.segments) {
     v1::SegmentStatus* out = response->add_segments();
     out->set_name(segment.name);
@@ -279,7 +321,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
     out->set_last_heartbeat_age_ms(
         static_cast<uint64_t>(absl::ToInt64Milliseconds(segment.heartbeat_age)));
   }
-  return Finish(context, absl::OkStatus());
+  return call.Finish(absl::OkStatus());
 }
 
 }  // namespace kvpool::master

@@ -7,12 +7,13 @@
 
 #include "kvpool/v1/master.grpc.pb.h"
 #include "server/master/master.h"
+#include "server/master/master_metrics.h"
 
 namespace kvpool::master {
 
 class MasterGrpcService final : public v1::MasterService::CallbackService {
  public:
-  explicit MasterGrpcService(Master& master) : master_(master) {}
+  MasterGrpcService(Master& master, MasterMetrics& metrics) : master_(master), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
                                          const v1::MountSegmentRequest* request,
@@ -55,10 +56,12 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
                                              v1::GetClusterStatusResponse* response) override;
 
  private:
-  // Finishes `reactor` once the ticket's manifest records are applied (or time is up).
-  void FinishWhenDurable(grpc::ServerUnaryReactor* reactor, ManifestSync::Ticket ticket);
+  class Call;
+  // Finishes the call once the ticket's manifest records are applied (or time is up).
+  grpc::ServerUnaryReactor* FinishWhenDurable(const Call& call, ManifestSync::Ticket ticket);
 
   Master& master_;
+  MasterMetrics& metrics_;
 };
 
 }  // namespace kvpool::master

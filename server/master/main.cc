@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/metric_families.h"
 #include "common/net.h"
 #include "common/periodic_worker.h"
 #include "common/size.h"
@@ -18,6 +19,7 @@
 #include "server/common/signals.h"
 #include "server/master/grpc_service.h"
 #include "server/master/master.h"
+#include "server/master/master_metrics.h"
 #include "server/segment/segment.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address (port 0: any free port)");
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
     embedded = std::move(*started);
   }
 
-  kvpool::master::MasterGrpcService service(master);
+  kvpool::master::MasterMetrics metrics(master);
+  kvpool::master::MasterGrpcService service(master, metrics);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
@@ -134,6 +137,14 @@ int main(int argc, char** argv) {
   kvpool::HttpServer http;
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
+  });
+  // Ready once the gRPC server runs (it is by now; the handler exists from here on).
+  http.Handle("/readyz", [](const kvpool::HttpRequest&) {
+    return kvpool::HttpResponse{200, "text/plain", "ready\n"};
+  });
+  http.Handle("/metrics", [&metrics](const kvpool::HttpRequest&) {
+    return kvpool::HttpResponse{200, "text/plain; version=0.0.4",
+                                kvpool::SerializeMetrics(metrics.Collect())};
   });
   std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   absl::StatusOr<uint16_t> http_port = http.Start(http_listen);

@@ -25,7 +25,10 @@ struct ServerState {
   const std::string secret;
   const DataServerOptions options;
   Manifest* const manifest;
-  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, rejected{0};
+  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> rejected_malformed{0}, rejected_range{0}, rejected_token{0},
+      rejected_expired{0};
+  LatencyHistogram read_latency, write_latency;
 };
 
 // One client connection. Requests are handled one after another, so at most one
@@ -57,9 +60,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       return;
     }
+    started_ = absl::Now();
     absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header_.data());
     if (!request.ok()) {
-      Reject(0, v1::INVALID_PARAMS, absl::StrCat("malformed frame: ", request.status().message()));
+      Reject(0, v1::INVALID_PARAMS, absl::StrCat("malformed frame: ", request.status().message()),
+             server_.rejected_malformed);
       return;
     }
     request_ = *request;
@@ -72,7 +77,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!server_.pool.Contains(request_.offset, request_.length)) {
       Reject(request_.request_id, write ? v1::INVALID_WRITE : v1::INVALID_READ,
              absl::StrCat("range [", request_.offset, ", +", request_.length,
-                          ") is outside the pool of ", server_.pool.size(), " bytes"));
+                          ") is outside the pool of ", server_.pool.size(), " bytes"),
+             server_.rejected_range);
       return;
     }
     if (server_.options.require_token) {
@@ -82,7 +88,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
                absl::StrCat(granted.message(), expired ? (write ? " (reservation timed out)"
                                                                  : " (lease ran out)")
-                                                       : ""));
+                                                       : ""),
+               expired ? server_.rejected_expired : server_.rejected_token);
         return;
       }
     }
@@ -109,6 +116,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     server_.writes.fetch_add(1, std::memory_order_relaxed);
     server_.bytes_written.fetch_add(n, std::memory_order_relaxed);
+    server_.write_latency.Observe(absl::Now() - started_);
     Respond(0, 0);
   }
 
@@ -121,7 +129,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.bytes_read.fetch_add(request_.length, std::memory_order_relaxed);
     asio::async_write(socket_, buffers,
                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (!ec) self->ReadHeader();
+                        if (ec) return;
+                        self->server_.read_latency.Observe(absl::Now() - self->started_);
+                        self->ReadHeader();
                       });
   }
 
@@ -135,8 +145,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Answers with an error and the reason, then closes the connection: after a bad frame the
   // stream cannot be trusted to be in step.
-  void Reject(uint64_t request_id, int32_t code, absl::string_view reason) {
-    server_.rejected.fetch_add(1, std::memory_order_relaxed);
+  void Reject(uint64_t request_id, int32_t code, absl::string_view reason,
+              std::atomic<uint64_t>& counter) {
+    counter.fetch_add(1, std::memory_order_relaxed);
     KVPOOL_LOG(WARNING) << "rejected request from " << peer_ << " (" << ErrorCodeName(code)
                         << "): " << reason << "; closing the connection";
     error_message_ = std::string(reason.substr(0, wire::kMaxErrorMessage));
@@ -157,6 +168,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<uint8_t, wire::kRequestHeaderSize> header_{};
   std::array<uint8_t, wire::kResponseHeaderSize> response_{};
   wire::RequestHeader request_;
+  absl::Time started_;
   std::string error_message_;
 };
 
@@ -217,8 +229,20 @@ void DataServer::Stop() {
 
 DataServer::Stats DataServer::stats() const {
   const ServerState& s = impl_->state;
-  return Stats{s.reads.load(), s.writes.load(), s.bytes_read.load(), s.bytes_written.load(),
-               s.rejected.load()};
+  Stats stats;
+  stats.reads = s.reads.load();
+  stats.writes = s.writes.load();
+  stats.bytes_read = s.bytes_read.load();
+  stats.bytes_written = s.bytes_written.load();
+  stats.rejected_malformed = s.rejected_malformed.load();
+  stats.rejected_range = s.rejected_range.load();
+  stats.rejected_token = s.rejected_token.load();
+  stats.rejected_expired = s.rejected_expired.load();
+  stats.rejected = stats.rejected_malformed + stats.rejected_range + stats.rejected_token +
+                   stats.rejected_expired;
+  stats.read_latency = s.read_latency.Snapshot();
+  stats.write_latency = s.write_latency.Snapshot();
+  return stats;
 }
 
 }  // namespace kvpool::segment

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/latency_histogram.h"
 #include "server/segment/manifest.h"
 #include "server/segment/memory_pool.h"
 
@@ -49,7 +50,14 @@ class DataServer {
     uint64_t writes = 0;
     uint64_t bytes_read = 0;     // served to clients
     uint64_t bytes_written = 0;  // received from clients
-    uint64_t rejected = 0;       // requests refused (range, token, malformed)
+    uint64_t rejected = 0;       // requests refused, all reasons
+    uint64_t rejected_malformed = 0;
+    uint64_t rejected_range = 0;
+    uint64_t rejected_token = 0;
+    uint64_t rejected_expired = 0;
+    // From a request's header to the last byte of its answer.
+    HistogramSnapshot read_latency;
+    HistogramSnapshot write_latency;
   };
   Stats stats() const;
 

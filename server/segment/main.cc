@@ -12,11 +12,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/metric_families.h"
 #include "common/net.h"
 #include "common/size.h"
 #include "server/common/http_server.h"
 #include "server/common/signals.h"
 #include "server/segment/segment.h"
+#include "server/segment/segment_metrics.h"
 
 ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master");
 ABSL_FLAG(kvpool::ByteSize, size, kvpool::ByteSize{1ull << 30},
@@ -71,6 +73,10 @@ int main(int argc, char** argv) {
   kvpool::HttpServer http;
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
+  });
+  http.Handle("/metrics", [&segment](const kvpool::HttpRequest&) {
+    return kvpool::HttpResponse{200, "text/plain; version=0.0.4",
+                                kvpool::SerializeMetrics(CollectSegmentMetrics(segment))};
   });
   http.Handle("/readyz", [&segment](const kvpool::HttpRequest&) {
     return segment.mounted() ? kvpool::HttpResponse{200, "text/plain", "mounted\n"}

@@ -123,6 +123,12 @@ struct ClusterStatus {
   uint64_t evicted_objects = 0;
   uint64_t evicted_bytes = 0;
   uint64_t reclaimed_reservations = 0;
+  // Keys looked up and found or not (cache hits and misses), and keys whose put was
+  // deduplicated or met pressure (NO_AVAILABLE_HANDLE), since the master started.
+  uint64_t get_hits = 0;
+  uint64_t get_misses = 0;
+  uint64_t put_deduplicated = 0;
+  uint64_t put_no_space = 0;
   std::vector<SegmentStatus> segments;
 };
 
@@ -166,7 +172,13 @@ class Client {
   // being written. NotFound (SEGMENT_NOT_FOUND) for an unknown name.
   absl::Status DrainSegment(absl::string_view name);
 
+  // This client's own metrics in the Prometheus text format (put/get latency histograms and
+  // bytes moved), for an engine to append to its own /metrics endpoint. For prometheus-cpp
+  // registries, kvpool/client_metrics.h offers the same as a prometheus::Collectable.
+  std::string MetricsText() const;
+
  private:
+  friend class ClientMetrics;
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

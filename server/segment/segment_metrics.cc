@@ -1,0 +1,40 @@
+#include "server/segment/segment_metrics.h"
+
+#include "common/metric_families.h"
+
+namespace kvpool::segment {
+
+std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segment) {
+  DataServer::Stats tcp = segment.stats();
+  MetricFamilies families;
+  families.Gauge("kvpool_segment_pool_bytes", "Size of this segment's memory pool.",
+                 static_cast<double>(segment.size()));
+  families.Gauge("kvpool_segment_mounted", "1 while the segment is mounted on the master.",
+                 segment.mounted() ? 1 : 0);
+  const char* kRequests = "Data-plane requests served, by operation and transport.";
+  const char* kBytes = "Data-plane payload bytes moved, by operation and transport.";
+  const char* kLatency = "From a request's header to the last byte of its answer.";
+  families.Counter("kvpool_data_requests_total", kRequests, static_cast<double>(tcp.reads),
+                   {{"op", "read"}, {"transport", "tcp"}});
+  families.Counter("kvpool_data_requests_total", kRequests, static_cast<double>(tcp.writes),
+                   {{"op", "write"}, {"transport", "tcp"}});
+  families.Counter("kvpool_data_bytes_total", kBytes, static_cast<double>(tcp.bytes_read),
+                   {{"op", "read"}, {"transport", "tcp"}});
+  families.Counter("kvpool_data_bytes_total", kBytes, static_cast<double>(tcp.bytes_written),
+                   {{"op", "write"}, {"transport", "tcp"}});
+  families.Histogram("kvpool_data_request_duration_seconds", kLatency, tcp.read_latency,
+                     {{"op", "read"}, {"transport", "tcp"}});
+  families.Histogram("kvpool_data_request_duration_seconds", kLatency, tcp.write_latency,
+                     {{"op", "write"}, {"transport", "tcp"}});
+  const char* kRejected = "Data-plane requests refused, by reason.";
+  for (auto [reason, count] : {std::pair{"malformed", tcp.rejected_malformed},
+                               std::pair{"range", tcp.rejected_range},
+                               std::pair{"token", tcp.rejected_token},
+                               std::pair{"expired", tcp.rejected_expired}}) {
+    families.Counter("kvpool_data_rejected_total", kRejected, static_cast<double>(count),
+                     {{"reason", reason}});
+  }
+  return families.Take();
+}
+
+}  // namespace kvpool::segment
