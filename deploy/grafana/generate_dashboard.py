@@ -203,8 +203,12 @@ def panels():
 
     p.append(row("Eviction, leases and pins", y)); y += 1
     p += [
-        timeseries("Evictions", "Objects evicted per second to make room.",
-                   targets((f"sum(rate(kvpool_evictions_total[{RATE}]))", "objects evicted")),
+        timeseries("Evictions and reclaimed reservations",
+                   "Objects evicted per second to make room, and reservations reclaimed because "
+                   "their writer never committed (clients dying mid-put).",
+                   targets((f"sum(rate(kvpool_evictions_total[{RATE}]))", "objects evicted"),
+                           (f"sum(rate(kvpool_reservations_reclaimed_total[{RATE}]))",
+                            "reservations reclaimed")),
                    "ops", 0, y, w=8),
         timeseries("Evicted bytes", "Bytes freed by eviction per second.",
                    targets((f"sum(rate(kvpool_evicted_bytes_total[{RATE}]))", "bytes evicted")),
