@@ -49,6 +49,17 @@ struct MutableBuffer {
   size_t size = 0;
 };
 
+// How the client moves bytes to and from segments.
+enum class TransportKind {
+  // The fastest both sides have: shared memory with a segment on this host, RDMA where both
+  // have a device, TCP otherwise.
+  kAuto,
+  kTcp,
+  // Same-host segments only; others still use TCP.
+  kSharedMemory,
+  kRdma,
+};
+
 struct ClientOptions {
   // gRPC address of kvpool-master.
   std::string master_address = "127.0.0.1:50051";
@@ -60,6 +71,7 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(5);
   // Parallel data connections per segment within one batch.
   int connections_per_segment = 2;
+  TransportKind transport = TransportKind::kAuto;
   // Check every value read against its writer's checksum (see GetOptions).
   bool verify_checksums = false;
   // This machine's host name as segments advertise it: replicas on this host are read
