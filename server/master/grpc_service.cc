@@ -29,6 +29,7 @@ void ToProto(const PlacementView& placement, v1::Placement* out) {
   out->set_length(placement.length);
   out->set_token(placement.token.data(), placement.token.size());
   out->set_host(placement.host);
+  out->set_incarnation(placement.incarnation);
 }
 
 PinMode FromProto(v1::PinMode pin) {
@@ -106,6 +107,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
   info.size = request->size();
   info.incarnation = request->incarnation();
   info.token_secret = request->token_secret();
+  info.shm_socket = request->shm_socket();
   info.restoring = request->manifest_objects() > 0;
   absl::Status status = master_.MountSegment(std::move(info));
   response->set_heartbeat_interval_ms(
@@ -311,6 +313,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
     out->set_name(segment.name);
     out->set_host(segment.host);
     out->set_endpoint(segment.endpoint);
+    out->set_shm_socket(segment.shm_socket);
     out->set_capacity_bytes(segment.capacity_bytes);
     out->set_used_bytes(segment.used_bytes);
     out->set_replicas(segment.replicas);

@@ -47,6 +47,7 @@ PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire:
   placement.segment_name = info.name;
   placement.host = info.host;
   placement.endpoint = info.endpoint;
+  placement.incarnation = info.incarnation;
   placement.offset = replica.offset;
   placement.length = size;
   placement.token = wire::MintToken(info.token_secret, opcode, replica.offset, size, expiry);
@@ -468,6 +469,7 @@ ClusterSummary Master::GetClusterSummary() const {
     s.name = segment->info().name;
     s.host = segment->info().host;
     s.endpoint = segment->info().endpoint;
+    s.shm_socket = segment->info().shm_socket;
     s.capacity_bytes = segment->allocator().capacity();
     s.used_bytes = segment->allocator().used();
     s.replicas = segment->replica_count();

@@ -55,6 +55,7 @@ struct PlacementView {
   std::string segment_name;
   std::string host;
   std::string endpoint;
+  uint64_t incarnation = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   wire::Token token{};
@@ -102,6 +103,7 @@ struct SegmentSummary {
   std::string name;
   std::string host;
   std::string endpoint;
+  std::string shm_socket;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
   uint64_t replicas = 0;

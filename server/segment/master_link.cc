@@ -66,6 +66,7 @@ absl::Status MasterLink::Mount() {
   request.set_incarnation(options_.incarnation);
   request.set_token_secret(options_.token_secret);
   request.set_manifest_objects(entries.size());
+  request.set_shm_socket(options_.shm_socket);
   v1::MountSegmentResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

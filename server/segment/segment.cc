@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   if (!pool.ok()) return pool.status();
   segment->pool_ = std::move(*pool);
   segment->secret_ = wire::NewCapabilitySecret();
+  segment->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   segment->server_ = std::make_unique<DataServer>(*segment->pool_, segment->secret_, options.data,
                                                   options.master_address.empty()
                                                       ? nullptr
@@ -35,6 +36,15 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   segment->host_ = AdvertisedHost(listen->host, options.advertise_host);
   segment->endpoint_ = FormatHostPort(segment->host_, *port);
   segment->name_ = options.name.empty() ? segment->endpoint_ : options.name;
+  if (!options.shm_socket.empty()) {
+    ShmAdmissionOptions admission = options.shm_admission;
+    admission.incarnation = segment->incarnation_;
+    admission.socket_path = options.shm_socket == "auto"
+                                ? absl::StrCat("/tmp/kvpool-segment-", *port, ".sock")
+                                : options.shm_socket;
+    segment->shm_ = std::make_unique<ShmAdmission>(*segment->pool_, std::move(admission));
+    if (absl::Status started = segment->shm_->Start(); !started.ok()) return started;
+  }
   if (options.master_address.empty()) return segment;
 
   MasterLinkOptions link;
@@ -42,8 +52,9 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   link.name = segment->name_;
   link.host = segment->host_;
   link.endpoint = segment->endpoint_;
+  link.shm_socket = segment->shm_socket();
   link.size = options.size;
-  link.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  link.incarnation = segment->incarnation_;
   link.token_secret = segment->secret_;
   link.print_mounts = options.print_mounts;
   link.on_drained = std::move(options.on_drained);
@@ -68,6 +79,7 @@ Segment::~Segment() { Stop(); }
 
 void Segment::Stop() {
   if (link_) link_->Stop();
+  if (shm_) shm_->Stop();
   if (server_) server_->Stop();
 }
 
