@@ -1,0 +1,524 @@
+#include "kernels/gqa_decode.cuh"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/decode_common.cuh"
+
+// Design (docs/kernels.md has the long form):
+//  - A work item is (sequence, kv head, group of <= 8 query heads, chunk of tokens); persistent
+//    thread blocks take items from an atomic counter, so ragged lengths balance themselves.
+//  - Each warp streams its own 16-token tiles (tile w, w + kWarps, ...) through a private
+//    shared-memory ring with cp.async: every thread copies exactly the 16-byte pieces it later
+//    reads itself, so the pipeline needs no barriers at all.
+//  - Scores and outputs come from mma.sync m16n8k16: S = Q K^T with the query heads as the M
+//    side (rows 8..15 unused), then O^T = V^T P^T with head_dim as the M side, so the score
+//    fragment is already the P operand and no accumulator row is wasted. Which head_dim
+//    element sits in which fragment slot is permuted so that every thread reads whole 16-byte
+//    pieces of K and V rows; the query is loaded with the same permutation and the output is
+//    un-permuted when it is written.
+//  - Cross-warp results are combined through shared memory; sequences longer than one chunk
+//    write partial results that MergeSplitsKernel combines.
+
+namespace kvpool::kernels {
+namespace {
+
+using detail::Bf16Tag;
+using detail::Fp16Tag;
+using detail::Fp8Tag;
+using detail::KvTraits;
+
+struct GqaParams {
+  const void* q;
+  const uint8_t* kv;
+  int64_t v_offset;  // bytes
+  int64_t block_stride;
+  int64_t token_stride;
+  int64_t head_stride;
+  const int32_t* block_tables;
+  const int32_t* seq_lens;
+  void* o;
+  float* lse;
+  detail::SplitWorkspace ws;
+  int batch;
+  int num_qo_heads;
+  int num_kv_heads;
+  int group;    // query heads per kv head
+  int qchunks;  // groups of 8 query heads per kv head
+  int block_size;
+  int max_blocks_per_seq;
+  int chunk;  // tokens per work item, a multiple of 16 * kWarps
+  int max_splits;
+  int total_items;
+  float scale_log2;  // sm_scale * k_scale * log2(e)
+  float v_scale;
+};
+
+constexpr int kWarps = 4;
+constexpr unsigned kFull = 0xffffffffu;
+
+template <int kRowBytes>
+constexpr int StagesFor() {
+  // Shared memory per warp and stage is 32 * kRowBytes (16 tokens of K and V).
+  return kRowBytes <= 128 ? 4 : (kRowBytes <= 256 ? 3 : 2);
+}
+
+template <typename KV, bool kQBf16, int kDim>
+struct GqaConfig {
+  static constexpr int kEB = KvTraits<KV>::kBytes;
+  static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
+  static constexpr int kRow = kDim * kEB;            // bytes of one K or V row
+  static constexpr int kNKC = kRow / 64;             // 16-byte K pieces per row per thread
+  static constexpr int kCV = kRow >= 128 ? 16 : 8;   // bytes of one V piece
+  static constexpr int kNVC = kRow / (8 * kCV);      // V pieces per row per thread
+  static constexpr int kEK = 16 / kEB;               // elements per K piece
+  static constexpr int kEV = kCV / kEB;              // elements per V piece
+  static constexpr int kKSteps = kDim / 16;
+  static constexpr int kMTiles = kDim / 16;
+  static constexpr int kStageBytes = 32 * kRow;  // per warp
+  static constexpr int kKBytes = 16 * kRow;      // K half of a stage
+  static constexpr int kStages = StagesFor<kRow>();
+  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
+  static constexpr int kCombineBytes = kWarps * (16 + 8 * (kDim + 4)) * 4;
+  static constexpr int kSmemBytes = kPipeBytes > kCombineBytes ? kPipeBytes : kCombineBytes;
+  static_assert(kNKC >= 1 && kNVC >= 1, "head_dim too small");
+};
+
+template <typename KV, bool kQBf16, int kDim>
+__global__ void __launch_bounds__(kWarps * 32)
+    GqaDecodeKernel(const __grid_constant__ GqaParams p) {
+  using C = GqaConfig<KV, kQBf16, kDim>;
+  constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
+  constexpr bool kMB = C::kMmaBf16;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_item;
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int r = lane / 4;  // fragment row group
+  const int qd = lane % 4;
+  const uint32_t pipe = detail::SmemAddr(smem) + warp * C::kStages * C::kStageBytes;
+
+  while (true) {
+    if (threadIdx.x == 0) s_item = atomicAdd(p.ws.counter, 1);
+    __syncthreads();
+    const int item = s_item;
+    __syncthreads();
+    if (item >= p.total_items) break;
+    int t = item;
+    const int qc = t % p.qchunks;
+    t /= p.qchunks;
+    const int h = t % p.num_kv_heads;
+    t /= p.num_kv_heads;
+    const int b = t % p.batch;
+    const int split = t / p.batch;
+    const int len = p.seq_lens[b];
+    const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
+    if (split >= nsplit) continue;
+    const int start = split * p.chunk;
+    const int end = min(len, start + p.chunk);
+    const int g0 = qc * 8;
+    const int grows = min(8, p.group - g0);
+    const int head0 = h * p.group + g0;  // first query head of this item
+
+    // Query fragments (A of S = Q K^T): row r = query head head0 + r; rows 8..15 are zero.
+    uint32_t qlo[C::kKSteps], qhi[C::kKSteps];
+    {
+      const uint4* qrow = reinterpret_cast<const uint4*>(
+          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_qo_heads + head0 + r) * kDim);
+#pragma unroll
+      for (int i = 0; i < C::kNKC; ++i) {
+        // Piece i of this thread covers elements [kEK * (qd + 4i), +kEK).
+        constexpr int kQVecs = C::kEK / 8;  // 16-byte vectors of the query per piece
+#pragma unroll
+        for (int v = 0; v < kQVecs; ++v) {
+          uint4 x = make_uint4(0, 0, 0, 0);
+          if (r < grows) x = qrow[(C::kEK * (qd + 4 * i)) / 8 + v];
+          const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int m2 = 0; m2 < 2; ++m2) {
+            // k-step: i * (kEK / 4) + v * 2 + m2 (4 elements per k-step and thread)
+            const int ks = i * (C::kEK / 4) + v * 2 + m2;
+            qlo[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2]);
+            qhi[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2 + 1]);
+          }
+        }
+      }
+    }
+
+    const int ntiles = (end - start + 15) / 16;
+    const int my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
+    const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
+    auto tile_start = [&](int k) { return start + (warp + k * kWarps) * 16; };
+    // Lane i holds the physical block of this warp's tile k0 + i.
+    auto load_blocks = [&](int k0) {
+      const int k = k0 + lane;
+      return k < my_tiles ? table[tile_start(k) / p.block_size] : 0;
+    };
+    int blocks = load_blocks(0);
+
+    auto issue = [&](int k) {
+      if (k > 0 && (k & 31) == 0) blocks = load_blocks(k);
+      const int blk = __shfl_sync(kFull, blocks, k & 31);
+      const int tok0 = tile_start(k);
+      const int nvalid = min(16, end - tok0);
+      const uint8_t* base = p.kv + blk * p.block_stride + (tok0 % p.block_size) * p.token_stride +
+                            h * p.head_stride;
+      const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int j = 8 * n + r;
+        const bool ok = j < nvalid;
+        const uint8_t* row = base + j * p.token_stride;
+#pragma unroll
+        for (int i = 0; i < C::kNKC; ++i) {
+          detail::CpAsync16(st + ((n * C::kNKC + i) * 32 + lane) * 16,
+                            ok ? row + (qd + 4 * i) * 16 : base, ok ? 16 : 0);
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        const int j = 2 * qd + (rr & 1) + (rr >> 1) * 8;
+        const bool ok = j < nvalid;
+        const uint8_t* row = base + p.v_offset + j * p.token_stride;
+#pragma unroll
+        for (int i = 0; i < C::kNVC; ++i) {
+          const uint32_t dst = st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
+          const uint8_t* src = ok ? row + (r + 8 * i) * C::kCV : base;
+          if constexpr (C::kCV == 16) {
+            detail::CpAsync16(dst, src, ok ? 16 : 0);
+          } else {
+            detail::CpAsync8(dst, src, ok ? 8 : 0);
+          }
+        }
+      }
+    };
+
+    float m_run = -INFINITY;  // running max of row r (log2 domain)
+    float l_run = 0.0f;       // this thread's share of the running sum of row r
+    float acc[C::kMTiles][4];
+#pragma unroll
+    for (int i = 0; i < C::kMTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+#pragma unroll
+    for (int k = 0; k < C::kStages - 1; ++k) {
+      if (k < my_tiles) issue(k);
+      detail::CpAsyncCommit();
+    }
+    for (int k = 0; k < my_tiles; ++k) {
+      if (k + C::kStages - 1 < my_tiles) issue(k + C::kStages - 1);
+      detail::CpAsyncCommit();
+      detail::CpAsyncWait<C::kStages - 1>();
+      const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
+      const int tok0 = tile_start(k);
+
+      // S = Q K^T for 16 tokens: n-tile n holds tokens 8n..8n+7 of the tile.
+      float s[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < C::kNKC; ++i) {
+          const uint4 x = detail::LdShared16(st + ((n * C::kNKC + i) * 32 + lane) * 16);
+          if constexpr (kFp8) {
+            uint32_t pr[8];
+            detail::Fp8x4ToHalf2x2(x.x, pr[0], pr[1]);
+            detail::Fp8x4ToHalf2x2(x.y, pr[2], pr[3]);
+            detail::Fp8x4ToHalf2x2(x.z, pr[4], pr[5]);
+            detail::Fp8x4ToHalf2x2(x.w, pr[6], pr[7]);
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const int ks = i * 4 + m;
+              detail::Mma16816<kMB>(s[n], qlo[ks], 0u, qhi[ks], 0u, pr[2 * m], pr[2 * m + 1]);
+            }
+          } else {
+            detail::Mma16816<kMB>(s[n], qlo[2 * i], 0u, qhi[2 * i], 0u, x.x, x.y);
+            detail::Mma16816<kMB>(s[n], qlo[2 * i + 1], 0u, qhi[2 * i + 1], 0u, x.z, x.w);
+          }
+        }
+      }
+
+      // Online softmax over row r (columns: tokens 8n + 2qd + e).
+      float sv[2][2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool ok = tok0 + 8 * n + 2 * qd + e < end;
+          sv[n][e] = ok ? s[n][e] * p.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, sv[n][e]);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+      const float m_new = fmaxf(m_run, mx);  // finite: token 0 of a tile is always valid
+      const float alpha = exp2f(m_run - m_new);
+      float pv[2][2];
+      float psum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          pv[n][e] = exp2f(sv[n][e] - m_new);
+          psum += pv[n][e];
+        }
+      }
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      // Output columns are query rows 2qd and 2qd + 1: their factors live in lanes 8qd, 8qd+4.
+      const float a0 = __shfl_sync(kFull, alpha, 8 * qd);
+      const float a1 = __shfl_sync(kFull, alpha, 8 * qd + 4);
+#pragma unroll
+      for (int i = 0; i < C::kMTiles; ++i) {
+        acc[i][0] *= a0;
+        acc[i][1] *= a1;
+        acc[i][2] *= a0;
+        acc[i][3] *= a1;
+      }
+      const uint32_t pb0 = detail::PackFloat2<kMB>(pv[0][0], pv[0][1]);
+      const uint32_t pb1 = detail::PackFloat2<kMB>(pv[1][0], pv[1][1]);
+
+      // O^T += V^T P^T: V rows of tokens 2qd, 2qd+1, 2qd+8, 2qd+9; m-tile mu uses value
+      // slots 2mu (rows r) and 2mu+1 (rows r+8) of this thread's pieces.
+#pragma unroll
+      for (int i = 0; i < C::kNVC; ++i) {
+        constexpr int kPairs = C::kEV / 2;  // 16-bit pairs per piece
+        uint32_t x[4][kPairs];
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+          const uint32_t addr = st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
+          if constexpr (kFp8) {
+            if constexpr (C::kCV == 16) {
+              const uint4 v = detail::LdShared16(addr);
+              detail::Fp8x4ToHalf2x2(v.x, x[rr][0], x[rr][1]);
+              detail::Fp8x4ToHalf2x2(v.y, x[rr][2], x[rr][3]);
+              detail::Fp8x4ToHalf2x2(v.z, x[rr][4], x[rr][5]);
+              detail::Fp8x4ToHalf2x2(v.w, x[rr][6], x[rr][7]);
+            } else {
+              const uint2 v = detail::LdShared8(addr);
+              detail::Fp8x4ToHalf2x2(v.x, x[rr][0], x[rr][1]);
+              detail::Fp8x4ToHalf2x2(v.y, x[rr][2], x[rr][3]);
+            }
+          } else {
+            const uint4 v = detail::LdShared16(addr);
+            x[rr][0] = v.x;
+            x[rr][1] = v.y;
+            x[rr][2] = v.z;
+            x[rr][3] = v.w;
+          }
+        }
+#pragma unroll
+        for (int pp = 0; pp < kPairs; ++pp) {
+          const int mu = i * kPairs + pp;
+          detail::Mma16816<kMB>(acc[mu], __byte_perm(x[0][pp], x[1][pp], 0x5410),
+                                __byte_perm(x[0][pp], x[1][pp], 0x7632),
+                                __byte_perm(x[2][pp], x[3][pp], 0x5410),
+                                __byte_perm(x[2][pp], x[3][pp], 0x7632), pb0, pb1);
+        }
+      }
+    }
+
+    // Combine the warps through shared memory: m, l and the unnormalized output per warp.
+    l_run += __shfl_xor_sync(kFull, l_run, 1);
+    l_run += __shfl_xor_sync(kFull, l_run, 2);
+    __syncthreads();  // every warp is done with its pipeline buffers
+    float* cm = reinterpret_cast<float*>(smem);  // [kWarps][8]
+    float* cl = cm + kWarps * 8;                 // [kWarps][8]
+    float* co = cl + kWarps * 8;                 // [kWarps][8][kDim + 4]
+    constexpr int kOStride = kDim + 4;
+    if (qd == 0) {
+      cm[warp * 8 + r] = m_run;
+      cl[warp * 8 + r] = l_run;
+    }
+#pragma unroll
+    for (int mu = 0; mu < C::kMTiles; ++mu) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int v = 2 * mu + hi;
+        const int d = C::kEV * (r + 8 * (v / C::kEV)) + v % C::kEV;
+        float* dst = co + (warp * 8 + 2 * qd) * kOStride + d;
+        dst[0] = acc[mu][2 * hi];
+        dst[kOStride] = acc[mu][2 * hi + 1];
+      }
+    }
+    __syncthreads();
+    const bool direct = nsplit == 1;
+    for (int idx = threadIdx.x; idx < grows * (kDim / 2); idx += kWarps * 32) {
+      const int g = idx / (kDim / 2);
+      const int d = (idx % (kDim / 2)) * 2;
+      float mmax = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, cm[w * 8 + g]);
+      float sum = 0.0f, o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = cm[w * 8 + g];
+        const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
+        sum += f * cl[w * 8 + g];
+        o0 += f * co[(w * 8 + g) * kOStride + d];
+        o1 += f * co[(w * 8 + g) * kOStride + d + 1];
+      }
+      const float inv = sum > 0.0f ? p.v_scale / sum : 0.0f;
+      const float lse =
+          sum > 0.0f ? (mmax + __log2f(sum)) * detail::kLn2 : -INFINITY;
+      const int head = head0 + g;
+      if (direct) {
+        uint32_t* out = static_cast<uint32_t*>(p.o) +
+                        (size_t{1} * b * p.num_qo_heads + head) * (kDim / 2) + d / 2;
+        *out = detail::PackFloat2<kQBf16>(o0 * inv, o1 * inv);
+        if (d == 0 && p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head] = lse;
+      } else {
+        const size_t row = (size_t{1} * b * p.max_splits + split) * p.num_qo_heads + head;
+        *reinterpret_cast<float2*>(p.ws.part_o + row * kDim + d) = make_float2(o0 * inv, o1 * inv);
+        if (d == 0) p.ws.part_lse[row] = lse;
+      }
+    }
+  }
+}
+
+// Tokens per work item: about 6 items per resident block, at least 256 tokens, and at most
+// max_splits_cap splits per sequence (0: no cap).
+int ChunkFor(int batch, int kv_heads, int qchunks, int max_seq_len, int ctas, int max_splits_cap) {
+  return detail::ChooseChunk(int64_t{batch} * kv_heads * qchunks, max_seq_len, ctas,
+                             /*granule=*/16 * kWarps, /*min_chunk=*/256, /*waves=*/6,
+                             max_splits_cap);
+}
+
+template <typename KV, bool kQBf16, int kDim>
+struct GqaLauncher {
+  using C = GqaConfig<KV, kQBf16, kDim>;
+
+  // Resident thread blocks for the whole GPU (0 on error).
+  static int ResidentCtas() {
+    static const int ctas = [] {
+      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim>;
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               C::kSmemBytes) != cudaSuccess) {
+        return 0;
+      }
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32,
+                                                        C::kSmemBytes) != cudaSuccess) {
+        return 0;
+      }
+      return per_sm * detail::NumSms();
+    }();
+    return ctas;
+  }
+
+  static cudaError_t Run(GqaParams p, int max_seq_len, size_t workspace_bytes, void* workspace,
+                         cudaStream_t stream) {
+    const int ctas = ResidentCtas();
+    if (ctas <= 0) return cudaErrorInvalidConfiguration;
+    if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
+    const int64_t per_split = int64_t{4} * p.batch * p.num_qo_heads * (kDim + 1);
+    const int cap = static_cast<int>(std::clamp<int64_t>(
+        (static_cast<int64_t>(workspace_bytes) - detail::kCounterBytes) / per_split, 1, 1 << 20));
+    const int chunk = ChunkFor(p.batch, p.num_kv_heads, p.qchunks, max_seq_len, ctas, cap);
+    p.chunk = chunk;
+    p.max_splits = detail::NumSplits(max_seq_len, chunk);
+    p.ws = detail::CarveSplitWorkspace(workspace, p.batch, p.max_splits, p.num_qo_heads);
+    const int64_t items = int64_t{p.max_splits} * p.batch * p.num_kv_heads * p.qchunks;
+    if (items > INT32_MAX) return cudaErrorInvalidValue;
+    p.total_items = static_cast<int>(items);
+    if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
+      return e;
+    }
+    const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
+    GqaDecodeKernel<KV, kQBf16, kDim><<<grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (p.max_splits > 1) {
+      return detail::LaunchMergeSplits<kQBf16, kDim>(p.ws, p.seq_lens, p.batch, p.num_qo_heads,
+                                                     p.max_splits, chunk, p.o, p.lse, stream);
+    }
+    return cudaSuccess;
+  }
+
+};
+
+template <typename KV, bool kQBf16>
+cudaError_t DispatchDim(int head_dim, GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
+                        cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return GqaLauncher<KV, kQBf16, 64>::Run(p, max_seq_len, ws_bytes, ws, stream);
+    case 128:
+      return GqaLauncher<KV, kQBf16, 128>::Run(p, max_seq_len, ws_bytes, ws, stream);
+    case 256:
+      return GqaLauncher<KV, kQBf16, 256>::Run(p, max_seq_len, ws_bytes, ws, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+bool Aligned16(int64_t v) { return (v & 15) == 0; }
+
+}  // namespace
+
+size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, int max_seq_len) {
+  // Sized for the most resident blocks any instantiation can have (16 per SM of 128 threads):
+  // more resident blocks give smaller chunks, so every launch then fits.
+  const int ctas = std::max(detail::NumSms(), 1) * 16;
+  const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
+  const int chunk = ChunkFor(shape.batch, shape.num_kv_heads, (group + 7) / 8,
+                             std::max(max_seq_len, 1), ctas, /*max_splits_cap=*/0);
+  return detail::SplitWorkspaceBytes(shape.batch, detail::NumSplits(std::max(max_seq_len, 1), chunk),
+                                     shape.num_qo_heads, shape.head_dim);
+}
+
+cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
+                      const PagedKvLayout& layout, const int32_t* block_tables,
+                      const int32_t* seq_lens, int max_seq_len, const GqaDecodeShape& shape,
+                      const AttentionScales& scales, void* o, float* lse, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  if (shape.batch <= 0) return cudaSuccess;
+  if (shape.num_kv_heads <= 0 || shape.num_qo_heads % shape.num_kv_heads != 0 ||
+      shape.block_size <= 0 || shape.block_size % 16 != 0 || max_seq_len < 0 ||
+      workspace == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (q_type == DType::kFP8E4M3) return cudaErrorInvalidValue;
+  if (kv_type != q_type && kv_type != DType::kFP8E4M3) return cudaErrorInvalidValue;
+  const int eb = DTypeBytes(kv_type);
+  GqaParams p{};
+  p.q = q;
+  p.kv = static_cast<const uint8_t*>(kv_cache);
+  p.v_offset = layout.v_offset * eb;
+  p.block_stride = layout.block_stride * eb;
+  p.token_stride = layout.token_stride * eb;
+  p.head_stride = layout.head_stride * eb;
+  if (!Aligned16(reinterpret_cast<int64_t>(kv_cache)) || !Aligned16(p.v_offset) ||
+      !Aligned16(p.block_stride) || !Aligned16(p.token_stride) || !Aligned16(p.head_stride)) {
+    return cudaErrorInvalidValue;
+  }
+  p.block_tables = block_tables;
+  p.seq_lens = seq_lens;
+  p.o = o;
+  p.lse = lse;
+  p.batch = shape.batch;
+  p.num_qo_heads = shape.num_qo_heads;
+  p.num_kv_heads = shape.num_kv_heads;
+  p.group = shape.num_qo_heads / shape.num_kv_heads;
+  p.qchunks = (p.group + 7) / 8;
+  p.block_size = shape.block_size;
+  p.max_blocks_per_seq = shape.max_blocks_per_seq;
+  p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
+  p.v_scale = scales.v_scale;
+  max_seq_len = std::max(max_seq_len, 1);
+  const int d = shape.head_dim;
+  switch (kv_type) {
+    case DType::kBF16:
+      return DispatchDim<Bf16Tag, true>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+    case DType::kFP16:
+      return DispatchDim<Fp16Tag, false>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+    case DType::kFP8E4M3:
+      if (q_type == DType::kBF16) {
+        return DispatchDim<Fp8Tag, true>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+      }
+      return DispatchDim<Fp8Tag, false>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace kvpool::kernels

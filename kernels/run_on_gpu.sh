@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On a GPU machine: builds kernels/ standalone (no server stack needed), checks every kernel
+# against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
+# Logs and tables go to $OUT (or ./gpu-out).
+#
+#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa]      (default: all three)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/gpu-out}
+build=${KVPOOL_KERNELS_BUILD:-/tmp/kvpool-kernels-build}
+steps=${*:-check bench sdpa}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv >"$out/gpu.txt" 2>&1 || true
+generator=(-G Ninja)
+command -v ninja >/dev/null || generator=()
+start=$(date +%s)
+if ! { cmake -S "$root/kernels" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release &&
+       cmake --build "$build" -j "$(nproc)"; } >"$out/build.log" 2>&1; then
+  tail -n 60 "$out/build.log"
+  echo "run_on_gpu: build failed"
+  exit 1
+fi
+echo "run_on_gpu: built in $(($(date +%s) - start)) s"
+rc=0
+if [[ " $steps " == *" check "* ]]; then
+  "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" bench "* ]]; then
+  "$build/kvpool-kernels-bench" --csv "$out/bench.csv" 2>&1 | tee "$out/bench.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
+  python3 "$root/kernels/bench_sdpa.py" "$out/bench.csv" 2>&1 | tee "$out/sdpa.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+echo "run_on_gpu: done in $(($(date +%s) - start)) s, status $rc"
+exit $rc
