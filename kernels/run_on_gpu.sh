@@ -26,15 +26,15 @@ fi
 echo "run_on_gpu: built in $(($(date +%s) - start)) s"
 rc=0
 if [[ " $steps " == *" check "* ]]; then
-  "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
+  timeout 300 "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench "* ]]; then
-  "$build/kvpool-kernels-bench" --csv "$out/bench.csv" 2>&1 | tee "$out/bench.md"
+  timeout 400 "$build/kvpool-kernels-bench" --csv "$out/bench.csv" 2>&1 | tee "$out/bench.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
-  python3 "$root/kernels/bench_sdpa.py" "$out/bench.csv" 2>&1 | tee "$out/sdpa.md"
+  timeout 300 python3 "$root/kernels/bench_sdpa.py" "$out/bench.csv" 2>&1 | tee "$out/sdpa.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 echo "run_on_gpu: done in $(($(date +%s) - start)) s, status $rc"
