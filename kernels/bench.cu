@@ -25,6 +25,7 @@
 #include "kernels/block_copy.cuh"
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
+#include "kernels/tuning.h"
 
 namespace kvpool::kernels {
 namespace {
@@ -43,7 +44,13 @@ namespace {
 struct Options {
   std::string csv;
   bool quick = false;
+  std::string only;  // "gqa:BS:BATCH:CTX" or "mla:HEADS:DTYPE:PIPELINE": just that row (for ncu)
+  int reps = 0;      // overrides the number of timed runs
 };
+
+int Reps(const Options& opt, int normal, int quick) {
+  return opt.reps > 0 ? opt.reps : (opt.quick ? quick : normal);
+}
 
 // Median milliseconds of `reps` runs of fn on `stream` after `warmup` runs.
 double MedianMs(const std::function<void()>& fn, cudaStream_t stream, int warmup, int reps) {
@@ -159,7 +166,7 @@ Ceiling MeasureReadCeiling(cudaStream_t s, const Options& opt) {
         ReadKernel<8><<<sms * v.blocks_per_sm, 256, 0, s>>>(static_cast<uint4*>(buf), n, sink);
       }
     };
-    const double ms = MedianMs(run, s, 3, opt.quick ? 5 : 30);
+    const double ms = MedianMs(run, s, 3, Reps(opt, 30, 5));
     CUDA_OK(cudaGetLastError());
     const double tbs = bytes / (ms * 1e-3) / 1e12;
     c.read_tbs = std::max(c.read_tbs, tbs);
@@ -219,12 +226,25 @@ CopySetup MakeCopySetup(uint8_t* cache, int num_segments, uint64_t seg_block_byt
 }
 
 const char* MethodName(CopyMethod m) {
-  return m == CopyMethod::kKernel ? "kernel" : (m == CopyMethod::kCopyEngine ? "copy engine" : "auto");
+  switch (m) {
+    case CopyMethod::kKernel:
+      return "kernel (zero-copy)";
+    case CopyMethod::kCopyEngine:
+      return "copy engine, one copy per segment block";
+    case CopyMethod::kStaged:
+      return "staged (pack in HBM + one copy per block object)";
+    case CopyMethod::kAuto:
+      return "auto";
+  }
+  return "?";
 }
 
 struct CopyRates {
   double d2h = 0, h2d = 0, both = 0;  // GB/s
 };
+
+// Staging buffers for kStaged: one per stream.
+CopyStaging g_staging[2];
 
 CopyRates TimeCopies(const CopySetup& c, CopyMethod m, cudaStream_t s1, cudaStream_t s2,
                      int reps) {
@@ -233,11 +253,11 @@ CopyRates TimeCopies(const CopySetup& c, CopyMethod m, cudaStream_t s1, cudaStre
   const int nb = static_cast<int>(c.ids_a.size());
   auto gather = [&](cudaStream_t s) {
     CUDA_OK(CopyBlocks(c.segments.data(), ns, c.ids_a.data(), c.objs_a.data(), nb,
-                       CopyDirection::kDeviceToHost, m, s));
+                       CopyDirection::kDeviceToHost, m, g_staging[0], s));
   };
   auto scatter = [&](cudaStream_t s) {
     CUDA_OK(CopyBlocks(c.segments.data(), ns, c.ids_b.data(), c.objs_b.data(), nb,
-                       CopyDirection::kHostToDevice, m, s));
+                       CopyDirection::kHostToDevice, m, g_staging[s == s1 ? 0 : 1], s));
   };
   r.d2h = c.bytes_per_op / (MedianMs([&] { gather(s1); }, s1, 2, reps) * 1e-3) / 1e9;
   r.h2d = c.bytes_per_op / (MedianMs([&] { scatter(s1); }, s1, 2, reps) * 1e-3) / 1e9;
@@ -272,7 +292,12 @@ void BenchCopies(const Options& opt) {
   std::memset(h2, 2, gib);
   Fill(d1, gib, 3, 0);
   Fill(d2, gib, 4, 0);
-  const int reps = opt.quick ? 5 : 10;
+  const int reps = Reps(opt, 10, 5);
+  const size_t staging_bytes = size_t{256} << 20;
+  for (CopyStaging& st : g_staging) {
+    CUDA_OK(cudaMalloc(&st.device, staging_bytes));
+    st.bytes = staging_bytes;
+  }
 
   // Baseline: plain pinned 1 GiB copies.
   const double base_h2d =
@@ -318,7 +343,8 @@ void BenchCopies(const Options& opt) {
     std::printf("| method | device -> host GB/s | vs pinned copy | host -> device GB/s | vs pinned "
                 "copy | both at once GB/s | vs one direction |\n");
     std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    for (CopyMethod m : {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kAuto}) {
+    for (CopyMethod m : {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged,
+                         CopyMethod::kAuto}) {
       const CopyRates r = TimeCopies(c, m, s1, s2, reps);
       std::printf("| %s | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx |\n", MethodName(m), r.d2h,
                   r.d2h / base_d2h, r.h2d, r.h2d / base_h2d, r.both,
@@ -330,16 +356,19 @@ void BenchCopies(const Options& opt) {
   // Size sweep: per-segment block bytes, 64 segments, ~512 MiB per operation.
   std::printf("\n### Block copy methods by per-segment block size (64 segments, 512 MiB per "
               "operation)\n\n");
-  std::printf("| block bytes | kernel D2H | copy engine D2H | kernel H2D | copy engine H2D |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| segment block bytes | kernel D2H | copy engine D2H | staged D2H | kernel H2D | "
+              "copy engine H2D | staged H2D | kernel both | staged both |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (uint64_t bytes : {uint64_t{2048}, uint64_t{8192}, uint64_t{32768}, uint64_t{131072},
                          uint64_t{524288}, uint64_t{2097152}}) {
     const int count = static_cast<int>((uint64_t{512} << 20) / (64 * bytes));
     const CopySetup c = MakeCopySetup(d1, 64, bytes, 2 * count, count, h1, h2, rng);
-    const CopyRates k = TimeCopies(c, CopyMethod::kKernel, s1, s2, opt.quick ? 3 : 5);
-    const CopyRates e = TimeCopies(c, CopyMethod::kCopyEngine, s1, s2, opt.quick ? 3 : 5);
-    std::printf("| %llu | %.1f | %.1f | %.1f | %.1f |\n",
-                static_cast<unsigned long long>(bytes), k.d2h, e.d2h, k.h2d, e.h2d);
+    const CopyRates k = TimeCopies(c, CopyMethod::kKernel, s1, s2, Reps(opt, 5, 3));
+    const CopyRates e = TimeCopies(c, CopyMethod::kCopyEngine, s1, s2, Reps(opt, 5, 3));
+    const CopyRates st = TimeCopies(c, CopyMethod::kStaged, s1, s2, Reps(opt, 5, 3));
+    std::printf("| %llu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                static_cast<unsigned long long>(bytes), k.d2h, e.d2h, st.d2h, k.h2d, e.h2d, st.h2d,
+                k.both, st.both);
     std::fflush(stdout);
   }
   CUDA_OK(cudaEventDestroy(fork));
@@ -348,6 +377,7 @@ void BenchCopies(const Options& opt) {
   CUDA_OK(cudaFreeHost(h2));
   CUDA_OK(cudaFree(d1));
   CUDA_OK(cudaFree(d2));
+  for (CopyStaging& st : g_staging) CUDA_OK(cudaFree(st.device));
   CUDA_OK(cudaStreamDestroy(s1));
   CUDA_OK(cudaStreamDestroy(s2));
 }
@@ -392,6 +422,11 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   std::printf("| heads q/kv | d | kv | block | batch | context | median us | TB/s | vs read "
               "ceiling |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const GqaConfigRow& r : rows) {
+    if (!opt.only.empty()) {
+      char want[64];
+      std::snprintf(want, sizeof(want), "gqa:%d:%d:%d", r.bs, r.batch, r.ctx);
+      if (opt.only != want || r.kv_type != DType::kBF16 || r.qo != 64 || r.d != 128) continue;
+    }
     const int eb = DTypeBytes(r.kv_type);
     const int64_t num_blocks = pool_elems_per_kv * 2 / eb / (int64_t{r.bs} * r.kv * r.d);
     const PagedKvLayout layout = PagedKvLayout::KvFirst(num_blocks, r.bs, r.kv, r.d);
@@ -418,7 +453,7 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     CUDA_OK(cudaMalloc(&o, size_t{2} * r.batch * r.qo * r.d));
     CUDA_OK(cudaMalloc(&lse, size_t{4} * r.batch * r.qo));
     const GqaDecodeShape shape{r.batch, r.qo, r.kv, r.d, r.bs, bps};
-    const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, r.ctx);
+    const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, q_type, r.kv_type, r.ctx);
     CUDA_OK(cudaMalloc(&ws, ws_bytes));
     CUDA_OK(cudaMemcpy(d_table, ids.data(), needed * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_lens, lens.data(), r.batch * 4, cudaMemcpyHostToDevice));
@@ -428,7 +463,7 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
       CUDA_OK(GqaDecode(q, q_type, pool, r.kv_type, layout, d_table, d_lens, r.ctx, shape, scales,
                         o, lse, ws, ws_bytes, s));
     };
-    const double ms = MedianMs(run, s, 3, opt.quick ? 10 : 30);
+    const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
     const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +  // K and V
                          2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
     const double tbs = bytes / (ms * 1e-3) / 1e12;
@@ -467,11 +502,22 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
   std::mt19937_64 rng(9);
   std::printf("\n### MLA decode (batch %d, context %d, block %d, latent 512 + rope 64)\n\n", batch,
               ctx, bs);
-  std::printf("| heads | kv | median us | TB/s | vs read ceiling |\n| ---: | --- | ---: | ---: | "
-              "---: |\n");
+  std::printf("| heads | kv | pipeline | median us | TB/s | vs read ceiling |\n| ---: | --- | --- "
+              "| ---: | ---: | ---: |\n");
   for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
     Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
     for (int heads : {16, 32, 64, 128}) {
+     for (int pipeline : {2, 1}) {
+      if (heads >= 64 && pipeline == 1) continue;
+      const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
+      if (!opt.only.empty()) {
+        char want[64];
+        std::snprintf(want, sizeof(want), "mla:%d:%s:%d", heads, kv_name, pipeline);
+        if (opt.only != want) continue;
+      }
+      KernelTuning tuning;
+      tuning.mla_pipeline = pipeline;
+      SetKernelTuning(tuning);
       const int eb = DTypeBytes(kv_type);
       std::vector<int32_t> ids(num_blocks * 2 / eb);
       std::iota(ids.begin(), ids.end(), 0);
@@ -487,7 +533,7 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       CUDA_OK(cudaMalloc(&o, size_t{2} * batch * heads * kMlaVDim));
       CUDA_OK(cudaMalloc(&lse, size_t{4} * batch * heads));
       const MlaDecodeShape shape{batch, heads, bs, bps, int64_t{bs} * kMlaKDim};
-      const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, ctx);
+      const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, DType::kBF16, kv_type, ctx);
       CUDA_OK(cudaMalloc(&ws, ws_bytes));
       CUDA_OK(cudaMemcpy(d_table, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
@@ -497,12 +543,14 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
         CUDA_OK(MlaDecode(q, DType::kBF16, pool, kv_type, d_table, d_lens, ctx, shape, scales, o,
                           lse, ws, ws_bytes, s));
       };
-      const double ms = MedianMs(run, s, 3, opt.quick ? 10 : 30);
+      const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
+      SetKernelTuning(KernelTuning{});
       const double bytes = double{1} * batch * ctx * kMlaKDim * eb +
                            2.0 * batch * heads * (kMlaKDim + kMlaVDim) + 4.0 * batch * heads;
       const double tbs = bytes / (ms * 1e-3) / 1e12;
-      std::printf("| %d | %s | %.1f | %.2f | %.2fx |\n", heads,
-                  kv_type == DType::kBF16 ? "bf16" : "e4m3", ms * 1e3, tbs, tbs / ceil.read_tbs);
+      std::printf("| %d | %s | %s | %.1f | %.2f | %.2fx |\n", heads, kv_name,
+                  pipeline == 2 ? "deep, 1 block/SM" : "shallow", ms * 1e3, tbs,
+                  tbs / ceil.read_tbs);
       std::fflush(stdout);
       CUDA_OK(cudaFree(d_table));
       CUDA_OK(cudaFree(d_lens));
@@ -510,6 +558,7 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       CUDA_OK(cudaFree(o));
       CUDA_OK(cudaFree(lse));
       CUDA_OK(cudaFree(ws));
+     }
     }
   }
   CUDA_OK(cudaFree(pool));
@@ -531,8 +580,12 @@ int main(int argc, char** argv) {
       opt.quick = true;
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      opt.only = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      opt.reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla]\n",
+      std::fprintf(stderr, "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] [--reps N]\n",
                    argv[0]);
       return 2;
     }
@@ -555,7 +608,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (csv != nullptr) std::fprintf(csv, "kind,qo,kv,d,bs,batch,ctx,ms,bytes,read_tbs\n");
-  const Ceiling ceil = MeasureReadCeiling(nullptr, opt);
+  Ceiling ceil;
+  ceil.read_tbs = 4.6;  // placeholder when only one row is profiled
+  if (opt.only.empty()) ceil = MeasureReadCeiling(nullptr, opt);
   if (sections.find("copy") != std::string::npos) BenchCopies(opt);
   if (sections.find("gqa") != std::string::npos) BenchGqa(opt, ceil, csv);
   if (sections.find("mla") != std::string::npos) BenchMla(opt, ceil);

@@ -1,6 +1,8 @@
 #include "kernels/block_copy.cuh"
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace kvpool::kernels {
@@ -164,45 +166,33 @@ cudaError_t CopyWithKernel(const KvSegment* segments, int num_segments, const in
                                        num_blocks, direction, stream);
 }
 
-// Per-thread scratch for the copy-engine path, reused across calls.
+// Per-thread scratch for the copy-engine paths, reused across calls.
 struct CopyList {
   std::vector<void*> dst;
   std::vector<const void*> src;
   std::vector<size_t> size;
+  void Clear() {
+    dst.clear();
+    src.clear();
+    size.clear();
+  }
+  // Appends a copy, merged with the previous one when both ends continue it.
+  void Add(void* d, const void* s, size_t n) {
+    if (!size.empty() && static_cast<const uint8_t*>(src.back()) + size.back() == s &&
+        static_cast<uint8_t*>(dst.back()) + size.back() == d) {
+      size.back() += n;
+      return;
+    }
+    dst.push_back(d);
+    src.push_back(s);
+    size.push_back(n);
+  }
 };
 
-cudaError_t CopyWithEngines(const KvSegment* segments, int num_segments, const int32_t* block_ids,
-                            uint8_t* const* host_blocks, int num_blocks, CopyDirection direction,
-                            cudaStream_t stream) {
-  thread_local CopyList list;
-  list.dst.clear();
-  list.src.clear();
-  list.size.clear();
-  const bool to_host = direction == CopyDirection::kDeviceToHost;
-  for (int i = 0; i < num_blocks; ++i) {
-    for (int s = 0; s < num_segments; ++s) {
-      const KvSegment& seg = segments[s];
-      if (seg.block_bytes == 0) continue;
-      auto* dev = reinterpret_cast<uint8_t*>(seg.base + uint64_t(int64_t{block_ids[i]}) *
-                                                            seg.block_stride);
-      uint8_t* host = host_blocks[i] + seg.host_offset;
-      uint8_t* dst = to_host ? host : dev;
-      const uint8_t* src = to_host ? dev : host;
-      // Merge with the previous copy when both ends continue it (consecutive block ids
-      // stored back to back).
-      if (!list.size.empty() &&
-          static_cast<const uint8_t*>(list.src.back()) + list.size.back() == src &&
-          static_cast<uint8_t*>(list.dst.back()) + list.size.back() == dst) {
-        list.size.back() += seg.block_bytes;
-        continue;
-      }
-      list.dst.push_back(dst);
-      list.src.push_back(src);
-      list.size.push_back(seg.block_bytes);
-    }
-  }
+// One cudaMemcpyBatchAsync for the whole list (one cudaMemcpyAsync each where batches are not
+// available, e.g. on the legacy default stream).
+cudaError_t SubmitCopies(CopyList& list, cudaMemcpyKind kind, cudaStream_t stream) {
   if (list.size.empty()) return cudaSuccess;
-  const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   if (stream != nullptr && stream != cudaStreamLegacy) {
     cudaMemcpyAttributes attr = {};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -221,28 +211,153 @@ cudaError_t CopyWithEngines(const KvSegment* segments, int num_segments, const i
   return cudaSuccess;
 }
 
+cudaError_t CopyWithEngines(const KvSegment* segments, int num_segments, const int32_t* block_ids,
+                            uint8_t* const* host_blocks, int num_blocks, CopyDirection direction,
+                            cudaStream_t stream) {
+  thread_local CopyList list;
+  list.Clear();
+  const bool to_host = direction == CopyDirection::kDeviceToHost;
+  for (int i = 0; i < num_blocks; ++i) {
+    for (int s = 0; s < num_segments; ++s) {
+      const KvSegment& seg = segments[s];
+      if (seg.block_bytes == 0) continue;
+      auto* dev = reinterpret_cast<uint8_t*>(seg.base + uint64_t(int64_t{block_ids[i]}) *
+                                                            seg.block_stride);
+      uint8_t* host = host_blocks[i] + seg.host_offset;
+      if (to_host) {
+        list.Add(host, dev, seg.block_bytes);
+      } else {
+        list.Add(dev, host, seg.block_bytes);
+      }
+    }
+  }
+  return SubmitCopies(list, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream);
+}
+
+// The segments' host ranges: their span [lo, hi) and the contiguous runs inside it.
+struct HostLayout {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // (offset, bytes), sorted
+};
+
+void ComputeHostLayout(const KvSegment* segments, int num_segments, HostLayout* out) {
+  out->runs.clear();
+  for (int s = 0; s < num_segments; ++s) {
+    if (segments[s].block_bytes > 0) {
+      out->runs.emplace_back(segments[s].host_offset, segments[s].block_bytes);
+    }
+  }
+  std::sort(out->runs.begin(), out->runs.end());
+  size_t n = 0;
+  for (size_t j = 0; j < out->runs.size(); ++j) {
+    if (n > 0 && out->runs[n - 1].first + out->runs[n - 1].second >= out->runs[j].first) {
+      const uint64_t end = std::max(out->runs[n - 1].first + out->runs[n - 1].second,
+                                    out->runs[j].first + out->runs[j].second);
+      out->runs[n - 1].second = end - out->runs[n - 1].first;
+    } else {
+      out->runs[n++] = out->runs[j];
+    }
+  }
+  out->runs.resize(n);
+  out->lo = n ? out->runs.front().first : 0;
+  out->hi = n ? out->runs.back().first + out->runs.back().second : 0;
+}
+
+// kStaged: each block object is assembled (or taken apart) in device memory by the copy
+// kernel, at HBM speed, and crosses PCIe as one large copy-engine transfer per contiguous run
+// of its host range (one per block in the usual packed layout).
+cudaError_t CopyStaged(const KvSegment* segments, int num_segments, const int32_t* block_ids,
+                       uint8_t* const* host_blocks, int num_blocks, CopyDirection direction,
+                       const CopyStaging& staging, cudaStream_t stream) {
+  thread_local HostLayout layout;
+  thread_local std::vector<KvSegment> rebased;
+  thread_local std::vector<uint8_t*> images;
+  thread_local CopyList list;
+  ComputeHostLayout(segments, num_segments, &layout);
+  if (layout.runs.empty()) return cudaSuccess;
+  const uint64_t stride = (layout.hi - layout.lo + 255) / 256 * 256;
+  const uint64_t per_step = staging.device == nullptr ? 0 : staging.bytes / stride;
+  if (per_step == 0 || stream == nullptr || stream == cudaStreamLegacy) {
+    return CopyWithKernel(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
+                          stream);
+  }
+  rebased.assign(segments, segments + num_segments);
+  for (KvSegment& seg : rebased) seg.host_offset -= layout.lo;
+  auto* base = static_cast<uint8_t*>(staging.device);
+  const bool to_host = direction == CopyDirection::kDeviceToHost;
+  for (int b0 = 0; b0 < num_blocks; b0 += static_cast<int>(per_step)) {
+    const int n = static_cast<int>(std::min<uint64_t>(per_step, num_blocks - b0));
+    images.resize(n);
+    list.Clear();
+    for (int i = 0; i < n; ++i) {
+      images[i] = base + i * stride;
+      for (const auto& [off, bytes] : layout.runs) {
+        uint8_t* host = host_blocks[b0 + i] + off;
+        uint8_t* image = images[i] + (off - layout.lo);
+        if (to_host) {
+          list.Add(host, image, bytes);
+        } else {
+          list.Add(image, host, bytes);
+        }
+      }
+    }
+    if (to_host) {
+      if (cudaError_t e = CopyWithKernel(rebased.data(), num_segments, block_ids + b0,
+                                         images.data(), n, direction, stream);
+          e != cudaSuccess) {
+        return e;
+      }
+      if (cudaError_t e = SubmitCopies(list, cudaMemcpyDeviceToHost, stream); e != cudaSuccess) {
+        return e;
+      }
+    } else {
+      if (cudaError_t e = SubmitCopies(list, cudaMemcpyHostToDevice, stream); e != cudaSuccess) {
+        return e;
+      }
+      if (cudaError_t e = CopyWithKernel(rebased.data(), num_segments, block_ids + b0,
+                                         images.data(), n, direction, stream);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
-CopyMethod AutoCopyMethod(uint64_t max_segment_block_bytes) {
-  return max_segment_block_bytes < kAutoKernelMaxBlockBytes ? CopyMethod::kKernel
-                                                            : CopyMethod::kCopyEngine;
+CopyMethod AutoCopyMethod(uint64_t object_span_bytes, bool have_staging) {
+  return have_staging && object_span_bytes >= kAutoStagedMinObjectBytes ? CopyMethod::kStaged
+                                                                        : CopyMethod::kKernel;
 }
 
 cudaError_t CopyBlocks(const KvSegment* segments, int num_segments, const int32_t* block_ids,
                        uint8_t* const* host_blocks, int num_blocks, CopyDirection direction,
-                       CopyMethod method, cudaStream_t stream) {
+                       CopyMethod method, const CopyStaging& staging, cudaStream_t stream) {
   if (num_segments <= 0 || num_blocks <= 0) return cudaSuccess;
   if (method == CopyMethod::kAuto) {
-    uint64_t max_bytes = 0;
-    for (int s = 0; s < num_segments; ++s) max_bytes = std::max(max_bytes, segments[s].block_bytes);
-    method = AutoCopyMethod(max_bytes);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (int s = 0; s < num_segments; ++s) {
+      if (segments[s].block_bytes == 0) continue;
+      lo = std::min(lo, segments[s].host_offset);
+      hi = std::max(hi, segments[s].host_offset + segments[s].block_bytes);
+    }
+    method = AutoCopyMethod(hi > lo ? hi - lo : 0, staging.device != nullptr);
   }
-  if (method == CopyMethod::kKernel) {
-    return CopyWithKernel(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
-                          stream);
+  switch (method) {
+    case CopyMethod::kKernel:
+    case CopyMethod::kAuto:
+      return CopyWithKernel(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
+                            stream);
+    case CopyMethod::kCopyEngine:
+      return CopyWithEngines(segments, num_segments, block_ids, host_blocks, num_blocks,
+                             direction, stream);
+    case CopyMethod::kStaged:
+      return CopyStaged(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
+                        staging, stream);
   }
-  return CopyWithEngines(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
-                         stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace kvpool::kernels

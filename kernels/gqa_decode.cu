@@ -7,19 +7,22 @@
 #include "kernels/decode_common.cuh"
 
 // Design (docs/kernels.md has the long form):
-//  - A work item is (sequence, kv head, group of <= 8 query heads, chunk of tokens); persistent
-//    thread blocks take items from an atomic counter, so ragged lengths balance themselves.
-//  - Each warp streams its own 16-token tiles (tile w, w + kWarps, ...) through a private
-//    shared-memory ring with cp.async: every thread copies exactly the 16-byte pieces it later
-//    reads itself, so the pipeline needs no barriers at all.
+//  - A work item is (sequence, group of kWarps (kv head, <= 8 query heads) pairs, chunk of
+//    tokens); persistent thread blocks take items from an atomic counter, so ragged lengths
+//    balance themselves. One warp per kv head: the warps of a block stream the same cache
+//    blocks at the same pace, so together they read every block's rows whole (all heads of a
+//    token are adjacent in the engines' layouts), which DRAM serves much better than the
+//    256-byte pieces of one head.
+//  - Each warp streams its 16-token tiles through a private shared-memory ring with cp.async:
+//    every thread copies exactly the 16-byte pieces it later reads itself, so the pipeline
+//    needs no barriers at all.
 //  - Scores and outputs come from mma.sync m16n8k16: S = Q K^T with the query heads as the M
 //    side (rows 8..15 unused), then O^T = V^T P^T with head_dim as the M side, so the score
 //    fragment is already the P operand and no accumulator row is wasted. Which head_dim
 //    element sits in which fragment slot is permuted so that every thread reads whole 16-byte
 //    pieces of K and V rows; the query is loaded with the same permutation and the output is
 //    un-permuted when it is written.
-//  - Cross-warp results are combined through shared memory; sequences longer than one chunk
-//    write partial results that MergeSplitsKernel combines.
+//  - Sequences longer than one chunk write partial results that MergeSplitsKernel combines.
 
 namespace kvpool::kernels {
 namespace {
@@ -46,25 +49,21 @@ struct GqaParams {
   int num_kv_heads;
   int group;    // query heads per kv head
   int qchunks;  // groups of 8 query heads per kv head
+  int pairs;    // num_kv_heads * qchunks: one warp each
+  int hgroups;  // ceil(pairs / warps per block)
   int block_size;
   int max_blocks_per_seq;
-  int chunk;  // tokens per work item, a multiple of 16 * kWarps
+  int chunk;  // tokens per work item, a multiple of 16
   int max_splits;
   int total_items;
   float scale_log2;  // sm_scale * k_scale * log2(e)
   float v_scale;
 };
 
-constexpr int kWarps = 4;
 constexpr unsigned kFull = 0xffffffffu;
+constexpr int kSmemBudget = 200 * 1024;
 
-template <int kRowBytes>
-constexpr int StagesFor() {
-  // Shared memory per warp and stage is 32 * kRowBytes (16 tokens of K and V).
-  return kRowBytes <= 128 ? 4 : (kRowBytes <= 256 ? 3 : 2);
-}
-
-template <typename KV, bool kQBf16, int kDim>
+template <typename KV, int kDim, int kWarps>
 struct GqaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
@@ -76,19 +75,26 @@ struct GqaConfig {
   static constexpr int kEV = kCV / kEB;              // elements per V piece
   static constexpr int kKSteps = kDim / 16;
   static constexpr int kMTiles = kDim / 16;
-  static constexpr int kStageBytes = 32 * kRow;  // per warp
+  static constexpr int kStageBytes = 32 * kRow;  // per warp: 16 tokens of K and V
   static constexpr int kKBytes = 16 * kRow;      // K half of a stage
-  static constexpr int kStages = StagesFor<kRow>();
-  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
-  static constexpr int kCombineBytes = kWarps * (16 + 8 * (kDim + 4)) * 4;
-  static constexpr int kSmemBytes = kPipeBytes > kCombineBytes ? kPipeBytes : kCombineBytes;
+  static constexpr int kFit = kSmemBudget / (kWarps * kStageBytes);
+  static constexpr int kStages = kFit > 4 ? 4 : kFit;
+  static constexpr int kSmemBytes = kWarps * kStages * kStageBytes;
   static_assert(kNKC >= 1 && kNVC >= 1, "head_dim too small");
 };
 
-template <typename KV, bool kQBf16, int kDim>
+// Largest warps per block whose pipelines (at least 2 stages each) fit the budget.
+template <typename KV, int kDim>
+constexpr int MaxWarps() {
+  constexpr int kStage = 32 * kDim * KvTraits<KV>::kBytes;
+  return kSmemBudget / (8 * kStage) >= 2 ? 8 : (kSmemBudget / (4 * kStage) >= 2 ? 4 : 2);
+}
+
+template <typename KV, bool kQBf16, int kDim, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     GqaDecodeKernel(const __grid_constant__ GqaParams p) {
-  using C = GqaConfig<KV, kQBf16, kDim>;
+  using C = GqaConfig<KV, kDim, kWarps>;
+  static_assert(C::kStages >= 2, "pipeline does not fit shared memory");
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -107,20 +113,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     if (item >= p.total_items) break;
     int t = item;
-    const int qc = t % p.qchunks;
-    t /= p.qchunks;
-    const int h = t % p.num_kv_heads;
-    t /= p.num_kv_heads;
+    const int hg = t % p.hgroups;
+    t /= p.hgroups;
     const int b = t % p.batch;
     const int split = t / p.batch;
+    const int pair = hg * kWarps + warp;
+    if (pair >= p.pairs) continue;  // idle warp of the last head group (no barriers below)
     const int len = p.seq_lens[b];
     const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
     if (split >= nsplit) continue;
+    const int h = pair / p.qchunks;
+    const int g0 = (pair % p.qchunks) * 8;
+    const int grows = min(8, p.group - g0);
+    const int head0 = h * p.group + g0;  // first query head of this warp
     const int start = split * p.chunk;
     const int end = min(len, start + p.chunk);
-    const int g0 = qc * 8;
-    const int grows = min(8, p.group - g0);
-    const int head0 = h * p.group + g0;  // first query head of this item
 
     // Query fragments (A of S = Q K^T): row r = query head head0 + r; rows 8..15 are zero.
     uint32_t qlo[C::kKSteps], qhi[C::kKSteps];
@@ -138,8 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
           for (int m2 = 0; m2 < 2; ++m2) {
-            // k-step: i * (kEK / 4) + v * 2 + m2 (4 elements per k-step and thread)
-            const int ks = i * (C::kEK / 4) + v * 2 + m2;
+            const int ks = i * (C::kEK / 4) + v * 2 + m2;  // 4 elements per k-step and thread
             qlo[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2]);
             qhi[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2 + 1]);
           }
@@ -148,23 +154,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 
     const int ntiles = (end - start + 15) / 16;
-    const int my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
     const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
-    auto tile_start = [&](int k) { return start + (warp + k * kWarps) * 16; };
-    // Lane i holds the physical block of this warp's tile k0 + i.
+    // Lane i holds the physical block of tile k0 + i.
     auto load_blocks = [&](int k0) {
       const int k = k0 + lane;
-      return k < my_tiles ? table[tile_start(k) / p.block_size] : 0;
+      return k < ntiles ? __ldg(table + (start + 16 * k) / p.block_size) : 0;
     };
     int blocks = load_blocks(0);
+    const uint8_t* head_base = p.kv + h * p.head_stride;
 
     auto issue = [&](int k) {
       if (k > 0 && (k & 31) == 0) blocks = load_blocks(k);
       const int blk = __shfl_sync(kFull, blocks, k & 31);
-      const int tok0 = tile_start(k);
+      const int tok0 = start + 16 * k;
       const int nvalid = min(16, end - tok0);
-      const uint8_t* base = p.kv + blk * p.block_stride + (tok0 % p.block_size) * p.token_stride +
-                            h * p.head_stride;
+      const uint8_t* base =
+          head_base + blk * p.block_stride + (tok0 % p.block_size) * p.token_stride;
       const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
@@ -203,15 +208,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 #pragma unroll
     for (int k = 0; k < C::kStages - 1; ++k) {
-      if (k < my_tiles) issue(k);
+      if (k < ntiles) issue(k);
       detail::CpAsyncCommit();
     }
-    for (int k = 0; k < my_tiles; ++k) {
-      if (k + C::kStages - 1 < my_tiles) issue(k + C::kStages - 1);
+    for (int k = 0; k < ntiles; ++k) {
+      if (k + C::kStages - 1 < ntiles) issue(k + C::kStages - 1);
       detail::CpAsyncCommit();
       detail::CpAsyncWait<C::kStages - 1>();
       const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
-      const int tok0 = tile_start(k);
+      const int tok0 = start + 16 * k;
 
       // S = Q K^T for 16 tokens: n-tile n holds tokens 8n..8n+7 of the tile.
       float s[2][4];
@@ -320,80 +325,61 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-    // Combine the warps through shared memory: m, l and the unnormalized output per warp.
+    // This warp's results: row r's sum and max, then the output columns 2qd and 2qd + 1.
     l_run += __shfl_xor_sync(kFull, l_run, 1);
     l_run += __shfl_xor_sync(kFull, l_run, 2);
-    __syncthreads();  // every warp is done with its pipeline buffers
-    float* cm = reinterpret_cast<float*>(smem);  // [kWarps][8]
-    float* cl = cm + kWarps * 8;                 // [kWarps][8]
-    float* co = cl + kWarps * 8;                 // [kWarps][8][kDim + 4]
-    constexpr int kOStride = kDim + 4;
-    if (qd == 0) {
-      cm[warp * 8 + r] = m_run;
-      cl[warp * 8 + r] = l_run;
-    }
-#pragma unroll
-    for (int mu = 0; mu < C::kMTiles; ++mu) {
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int v = 2 * mu + hi;
-        const int d = C::kEV * (r + 8 * (v / C::kEV)) + v % C::kEV;
-        float* dst = co + (warp * 8 + 2 * qd) * kOStride + d;
-        dst[0] = acc[mu][2 * hi];
-        dst[kOStride] = acc[mu][2 * hi + 1];
-      }
-    }
-    __syncthreads();
+    const float inv_row = l_run > 0.0f ? p.v_scale / l_run : 0.0f;
+    const float lse_row = l_run > 0.0f ? (m_run + __log2f(l_run)) * detail::kLn2 : -INFINITY;
+    const float inv0 = __shfl_sync(kFull, inv_row, 8 * qd);
+    const float inv1 = __shfl_sync(kFull, inv_row, 8 * qd + 4);
     const bool direct = nsplit == 1;
-    for (int idx = threadIdx.x; idx < grows * (kDim / 2); idx += kWarps * 32) {
-      const int g = idx / (kDim / 2);
-      const int d = (idx % (kDim / 2)) * 2;
-      float mmax = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, cm[w * 8 + g]);
-      float sum = 0.0f, o0 = 0.0f, o1 = 0.0f;
+    for (int col = 0; col < 2; ++col) {
+      const int g = 2 * qd + col;
+      if (g >= grows) continue;
+      const float inv = col ? inv1 : inv0;
+      const size_t out_row = direct ? size_t{1} * b * p.num_qo_heads + head0 + g
+                                    : (size_t{1} * b * p.max_splits + split) * p.num_qo_heads +
+                                          head0 + g;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = cm[w * 8 + g];
-        const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
-        sum += f * cl[w * 8 + g];
-        o0 += f * co[(w * 8 + g) * kOStride + d];
-        o1 += f * co[(w * 8 + g) * kOStride + d + 1];
+      for (int mu = 0; mu < C::kMTiles; ++mu) {
+        // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
+        const int d = C::kEV * (r + 8 * ((2 * mu) / C::kEV)) + (2 * mu) % C::kEV;
+        const float v0 = acc[mu][col] * inv, v1 = acc[mu][2 + col] * inv;
+        if (direct) {
+          static_cast<uint32_t*>(p.o)[(out_row * kDim + d) / 2] =
+              detail::PackFloat2<kQBf16>(v0, v1);
+        } else {
+          *reinterpret_cast<float2*>(p.ws.part_o + out_row * kDim + d) = make_float2(v0, v1);
+        }
       }
-      const float inv = sum > 0.0f ? p.v_scale / sum : 0.0f;
-      const float lse =
-          sum > 0.0f ? (mmax + __log2f(sum)) * detail::kLn2 : -INFINITY;
-      const int head = head0 + g;
+    }
+    if (qd == 0 && r < grows) {
       if (direct) {
-        uint32_t* out = static_cast<uint32_t*>(p.o) +
-                        (size_t{1} * b * p.num_qo_heads + head) * (kDim / 2) + d / 2;
-        *out = detail::PackFloat2<kQBf16>(o0 * inv, o1 * inv);
-        if (d == 0 && p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head] = lse;
+        if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head0 + r] = lse_row;
       } else {
-        const size_t row = (size_t{1} * b * p.max_splits + split) * p.num_qo_heads + head;
-        *reinterpret_cast<float2*>(p.ws.part_o + row * kDim + d) = make_float2(o0 * inv, o1 * inv);
-        if (d == 0) p.ws.part_lse[row] = lse;
+        p.ws.part_lse[(size_t{1} * b * p.max_splits + split) * p.num_qo_heads + head0 + r] =
+            lse_row;
       }
     }
   }
 }
 
-// Tokens per work item: about 6 items per resident block, at least 256 tokens, and at most
+// Tokens per work item: about 4 items per resident block, at least 256 tokens, and at most
 // max_splits_cap splits per sequence (0: no cap).
-int ChunkFor(int batch, int kv_heads, int qchunks, int max_seq_len, int ctas, int max_splits_cap) {
-  return detail::ChooseChunk(int64_t{batch} * kv_heads * qchunks, max_seq_len, ctas,
-                             /*granule=*/16 * kWarps, /*min_chunk=*/256, /*waves=*/6,
-                             max_splits_cap);
+int ChunkFor(int batch, int hgroups, int max_seq_len, int ctas, int max_splits_cap) {
+  return detail::ChooseChunk(int64_t{batch} * hgroups, max_seq_len, ctas, /*granule=*/16,
+                             /*min_chunk=*/256, /*waves=*/4, max_splits_cap);
 }
 
-template <typename KV, bool kQBf16, int kDim>
+template <typename KV, bool kQBf16, int kDim, int kWarps>
 struct GqaLauncher {
-  using C = GqaConfig<KV, kQBf16, kDim>;
+  using C = GqaConfig<KV, kDim, kWarps>;
 
   // Resident thread blocks for the whole GPU (0 on error).
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim>;
+      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -408,26 +394,34 @@ struct GqaLauncher {
     return ctas;
   }
 
+  // With `need` set, only computes the workspace this call would use at most and stores it.
   static cudaError_t Run(GqaParams p, int max_seq_len, size_t workspace_bytes, void* workspace,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, size_t* need) {
     const int ctas = ResidentCtas();
     if (ctas <= 0) return cudaErrorInvalidConfiguration;
+    p.hgroups = (p.pairs + kWarps - 1) / kWarps;
+    if (need != nullptr) {
+      const int chunk = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, 0);
+      *need = detail::SplitWorkspaceBytes(p.batch, detail::NumSplits(max_seq_len, chunk),
+                                          p.num_qo_heads, kDim);
+      return cudaSuccess;
+    }
     if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
     const int64_t per_split = int64_t{4} * p.batch * p.num_qo_heads * (kDim + 1);
     const int cap = static_cast<int>(std::clamp<int64_t>(
         (static_cast<int64_t>(workspace_bytes) - detail::kCounterBytes) / per_split, 1, 1 << 20));
-    const int chunk = ChunkFor(p.batch, p.num_kv_heads, p.qchunks, max_seq_len, ctas, cap);
+    const int chunk = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, cap);
     p.chunk = chunk;
     p.max_splits = detail::NumSplits(max_seq_len, chunk);
     p.ws = detail::CarveSplitWorkspace(workspace, p.batch, p.max_splits, p.num_qo_heads);
-    const int64_t items = int64_t{p.max_splits} * p.batch * p.num_kv_heads * p.qchunks;
+    const int64_t items = int64_t{p.max_splits} * p.batch * p.hgroups;
     if (items > INT32_MAX) return cudaErrorInvalidValue;
     p.total_items = static_cast<int>(items);
     if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
       return e;
     }
     const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
-    GqaDecodeKernel<KV, kQBf16, kDim><<<grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
+    GqaDecodeKernel<KV, kQBf16, kDim, kWarps><<<grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (p.max_splits > 1) {
       return detail::LaunchMergeSplits<kQBf16, kDim>(p.ws, p.seq_lens, p.batch, p.num_qo_heads,
@@ -435,19 +429,37 @@ struct GqaLauncher {
     }
     return cudaSuccess;
   }
-
 };
+
+// Warps per block: one per (kv head, query group) pair, up to what shared memory allows.
+template <typename KV, bool kQBf16, int kDim>
+cudaError_t DispatchWarps(GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
+                          cudaStream_t stream, size_t* need) {
+  constexpr int kMax = MaxWarps<KV, kDim>();
+  if (p.pairs >= 8 && kMax >= 8) {
+    return GqaLauncher<KV, kQBf16, kDim, (kMax >= 8 ? 8 : 2)>::Run(p, max_seq_len, ws_bytes, ws,
+                                                                   stream, need);
+  }
+  if (p.pairs >= 3 && kMax >= 4) {
+    return GqaLauncher<KV, kQBf16, kDim, (kMax >= 4 ? 4 : 2)>::Run(p, max_seq_len, ws_bytes, ws,
+                                                                   stream, need);
+  }
+  if (p.pairs >= 2) {
+    return GqaLauncher<KV, kQBf16, kDim, 2>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+  }
+  return GqaLauncher<KV, kQBf16, kDim, 1>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+}
 
 template <typename KV, bool kQBf16>
 cudaError_t DispatchDim(int head_dim, GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, size_t* need) {
   switch (head_dim) {
     case 64:
-      return GqaLauncher<KV, kQBf16, 64>::Run(p, max_seq_len, ws_bytes, ws, stream);
+      return DispatchWarps<KV, kQBf16, 64>(p, max_seq_len, ws_bytes, ws, stream, need);
     case 128:
-      return GqaLauncher<KV, kQBf16, 128>::Run(p, max_seq_len, ws_bytes, ws, stream);
+      return DispatchWarps<KV, kQBf16, 128>(p, max_seq_len, ws_bytes, ws, stream, need);
     case 256:
-      return GqaLauncher<KV, kQBf16, 256>::Run(p, max_seq_len, ws_bytes, ws, stream);
+      return DispatchWarps<KV, kQBf16, 256>(p, max_seq_len, ws_bytes, ws, stream, need);
   }
   return cudaErrorInvalidValue;
 }
@@ -456,26 +468,21 @@ bool Aligned16(int64_t v) { return (v & 15) == 0; }
 
 }  // namespace
 
-size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, int max_seq_len) {
-  // Sized for the most resident blocks any instantiation can have (16 per SM of 128 threads):
-  // more resident blocks give smaller chunks, so every launch then fits.
-  const int ctas = std::max(detail::NumSms(), 1) * 16;
-  const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
-  const int chunk = ChunkFor(shape.batch, shape.num_kv_heads, (group + 7) / 8,
-                             std::max(max_seq_len, 1), ctas, /*max_splits_cap=*/0);
-  return detail::SplitWorkspaceBytes(shape.batch, detail::NumSplits(std::max(max_seq_len, 1), chunk),
-                                     shape.num_qo_heads, shape.head_dim);
-}
+namespace {
 
-cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
-                      const PagedKvLayout& layout, const int32_t* block_tables,
-                      const int32_t* seq_lens, int max_seq_len, const GqaDecodeShape& shape,
-                      const AttentionScales& scales, void* o, float* lse, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream) {
-  if (shape.batch <= 0) return cudaSuccess;
+// Validates, fills the parameters and dispatches; with `need` set, plans only.
+cudaError_t GqaDispatch(const void* q, DType q_type, const void* kv_cache, DType kv_type,
+                        const PagedKvLayout& layout, const int32_t* block_tables,
+                        const int32_t* seq_lens, int max_seq_len, const GqaDecodeShape& shape,
+                        const AttentionScales& scales, void* o, float* lse, void* workspace,
+                        size_t workspace_bytes, cudaStream_t stream, size_t* need) {
+  if (shape.batch <= 0) {
+    if (need != nullptr) *need = detail::kCounterBytes;
+    return cudaSuccess;
+  }
   if (shape.num_kv_heads <= 0 || shape.num_qo_heads % shape.num_kv_heads != 0 ||
       shape.block_size <= 0 || shape.block_size % 16 != 0 || max_seq_len < 0 ||
-      workspace == nullptr) {
+      (workspace == nullptr && need == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (q_type == DType::kFP8E4M3) return cudaErrorInvalidValue;
@@ -489,7 +496,8 @@ cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType k
   p.token_stride = layout.token_stride * eb;
   p.head_stride = layout.head_stride * eb;
   if (!Aligned16(reinterpret_cast<int64_t>(kv_cache)) || !Aligned16(p.v_offset) ||
-      !Aligned16(p.block_stride) || !Aligned16(p.token_stride) || !Aligned16(p.head_stride)) {
+      !Aligned16(p.block_stride) || !Aligned16(p.token_stride) || !Aligned16(p.head_stride) ||
+      !Aligned16(reinterpret_cast<int64_t>(q))) {
     return cudaErrorInvalidValue;
   }
   p.block_tables = block_tables;
@@ -501,24 +509,49 @@ cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType k
   p.num_kv_heads = shape.num_kv_heads;
   p.group = shape.num_qo_heads / shape.num_kv_heads;
   p.qchunks = (p.group + 7) / 8;
+  p.pairs = p.num_kv_heads * p.qchunks;
   p.block_size = shape.block_size;
   p.max_blocks_per_seq = shape.max_blocks_per_seq;
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
   max_seq_len = std::max(max_seq_len, 1);
   const int d = shape.head_dim;
+  const size_t wb = workspace_bytes;
   switch (kv_type) {
     case DType::kBF16:
-      return DispatchDim<Bf16Tag, true>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+      return DispatchDim<Bf16Tag, true>(d, p, max_seq_len, wb, workspace, stream, need);
     case DType::kFP16:
-      return DispatchDim<Fp16Tag, false>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+      return DispatchDim<Fp16Tag, false>(d, p, max_seq_len, wb, workspace, stream, need);
     case DType::kFP8E4M3:
       if (q_type == DType::kBF16) {
-        return DispatchDim<Fp8Tag, true>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+        return DispatchDim<Fp8Tag, true>(d, p, max_seq_len, wb, workspace, stream, need);
       }
-      return DispatchDim<Fp8Tag, false>(d, p, max_seq_len, workspace_bytes, workspace, stream);
+      return DispatchDim<Fp8Tag, false>(d, p, max_seq_len, wb, workspace, stream, need);
   }
   return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, DType q_type, DType kv_type,
+                               int max_seq_len) {
+  size_t need = 0;
+  const PagedKvLayout layout{};
+  const AttentionScales scales{};
+  if (GqaDispatch(nullptr, q_type, nullptr, kv_type, layout, nullptr, nullptr, max_seq_len, shape,
+                  scales, nullptr, nullptr, nullptr, 0, nullptr, &need) != cudaSuccess) {
+    return 0;
+  }
+  return need;
+}
+
+cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
+                      const PagedKvLayout& layout, const int32_t* block_tables,
+                      const int32_t* seq_lens, int max_seq_len, const GqaDecodeShape& shape,
+                      const AttentionScales& scales, void* o, float* lse, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  return GqaDispatch(q, q_type, kv_cache, kv_type, layout, block_tables, seq_lens, max_seq_len,
+                     shape, scales, o, lse, workspace, workspace_bytes, stream, nullptr);
 }
 
 }  // namespace kvpool::kernels

@@ -15,9 +15,11 @@
 
 namespace kvpool::kernels {
 
-// Bytes of workspace GqaDecode needs for this shape and any max_seq_len up to the one given
-// (at most a few MiB; 256 bytes when no sequence is split). Queries the current device.
-size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, int max_seq_len);
+// Bytes of workspace GqaDecode needs on the current device for this shape and types and any
+// max_seq_len up to the one given (a few MiB at most; 256 bytes when nothing is split). 0 for
+// a configuration GqaDecode does not cover. A smaller workspace also works, with fewer splits.
+size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, DType q_type, DType kv_type,
+                               int max_seq_len);
 
 // o[b, h, :] = v_scale * softmax_t(sm_scale * k_scale * q[b, h] . K[b, t]) V[b, t] over the
 // first seq_lens[b] tokens, and lse[b, h] = ln sum_t exp(score_t) (pass null to skip it); as

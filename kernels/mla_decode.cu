@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
+#include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
 //  - A work item is (sequence, group of 16 * kMT heads, chunk of tokens); persistent thread
@@ -58,7 +59,9 @@ struct MlaParams {
   float v_scale;
 };
 
-template <typename KV, int kMT>
+// kDeep: one block per SM with a deep ring (more bytes in flight); otherwise a shallow ring
+// and two blocks per SM where registers allow.
+template <typename KV, int kMT, bool kDeep>
 struct MlaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
@@ -66,7 +69,7 @@ struct MlaConfig {
   // Row pitch in shared memory: 16-bit rows shift by 16 bytes (ldmatrix rows on distinct
   // banks), e4m3 rows by 4 words mod 32 (32-bit fragment loads on distinct banks).
   static constexpr int kPitch = kEB == 2 ? 1168 : 656;
-  static constexpr int kStages = kEB == 2 ? (kMT == 1 ? 2 : 4) : (kMT == 1 ? 4 : 6);
+  static constexpr int kStages = kEB == 2 ? (kDeep ? 5 : 2) : (kDeep ? 9 : 4);
   static constexpr int kStageBytes = kTile * kPitch;
   static constexpr int kSpartStride = kTile + 8;  // floats per partial-score row
   static constexpr int kSpartBytes = kMT * kGroupWarps * 16 * kSpartStride * 4;
@@ -80,10 +83,10 @@ __device__ __forceinline__ uint32_t Ld32(const uint16_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-template <typename KV, bool kQBf16, int kMT>
+template <typename KV, bool kQBf16, int kMT, bool kDeep>
 __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
     MlaDecodeKernel(const __grid_constant__ MlaParams p) {
-  using C = MlaConfig<KV, kMT>;
+  using C = MlaConfig<KV, kMT, kDeep>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -151,8 +154,13 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
     }
 
     // Warp 0 loads tile k: lane j copies the row of token start + 32k + j (clamped to the
-    // last token of the sequence).
-    auto issue = [&](int k) {
+    // last token of the sequence). The block id of the next tile is fetched right after a tile
+    // is issued, so its latency hides behind the compute of the tiles in between.
+    auto block_of = [&](int k) {
+      const int tok = min(start + k * kTile + lane, end - 1);
+      return __ldg(table + tok / p.block_size);
+    };
+    auto issue = [&](int k, int blk) {
       const uint32_t g = it + k;
       const uint32_t stage = g % C::kStages;
       const uint32_t bar = bars + 8 * stage;
@@ -160,14 +168,21 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
       if (lane == 0) detail::MbarArriveExpectTx(bar, kTile * C::kRowBytes);
       __syncwarp();
       const int tok = min(start + k * kTile + lane, end - 1);
-      const int blk = table[tok / p.block_size];
       const uint8_t* src =
           p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
       detail::BulkCopyG2S(smem_base + stage * C::kStageBytes + lane * C::kPitch, src,
                           C::kRowBytes, bar);
     };
-    if (warp == 0) {
-      for (int k = 0; k < min(C::kStages, ntiles); ++k) issue(k);
+    int next_blk = 0;  // warp 0: block id of tile `issued`
+    int issued = 0;
+    auto issue_next = [&] {
+      issue(issued, next_blk);
+      ++issued;
+      if (issued < ntiles) next_blk = block_of(issued);
+    };
+    if (warp == 0 && ntiles > 0) {
+      next_blk = block_of(0);
+      while (issued < min(C::kStages, ntiles)) issue_next();
     }
 
     float m_run[2] = {-INFINITY, -INFINITY};  // rows r, r + 8 (log2 domain)
@@ -315,7 +330,7 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
         }
       }
       __syncthreads();  // the stage and the partial scores are free again
-      if (warp == 0 && k + C::kStages < ntiles) issue(k + C::kStages);
+      if (warp == 0 && issued < ntiles) issue_next();
     }
     it += ntiles;
 
@@ -380,13 +395,13 @@ int MlaChunkFor(int batch, int hchunks, int max_seq_len, int ctas, int max_split
                              /*min_chunk=*/256, /*waves=*/4, max_splits_cap);
 }
 
-template <typename KV, bool kQBf16, int kMT>
+template <typename KV, bool kQBf16, int kMT, bool kDeep>
 struct MlaLauncher {
-  using C = MlaConfig<KV, kMT>;
+  using C = MlaConfig<KV, kMT, kDeep>;
 
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = MlaDecodeKernel<KV, kQBf16, kMT>;
+      auto kernel = MlaDecodeKernel<KV, kQBf16, kMT, kDeep>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -401,12 +416,19 @@ struct MlaLauncher {
     return ctas;
   }
 
+  // With `need` set, only computes the workspace this call would use at most and stores it.
   static cudaError_t Run(MlaParams p, int max_seq_len, size_t workspace_bytes, void* workspace,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, size_t* need) {
     const int ctas = ResidentCtas();
     if (ctas <= 0) return cudaErrorInvalidConfiguration;
-    if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
     p.hchunks = p.num_heads / (16 * kMT);
+    if (need != nullptr) {
+      const int chunk = MlaChunkFor(p.batch, p.hchunks, max_seq_len, ctas, 0);
+      *need = detail::SplitWorkspaceBytes(p.batch, detail::NumSplits(max_seq_len, chunk),
+                                          p.num_heads, kMlaVDim);
+      return cudaSuccess;
+    }
+    if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
     const int64_t per_split = int64_t{4} * p.batch * p.num_heads * (kMlaVDim + 1);
     const int cap = static_cast<int>(std::clamp<int64_t>(
         (static_cast<int64_t>(workspace_bytes) - detail::kCounterBytes) / per_split, 1, 1 << 20));
@@ -421,7 +443,7 @@ struct MlaLauncher {
       return e;
     }
     const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
-    MlaDecodeKernel<KV, kQBf16, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+    MlaDecodeKernel<KV, kQBf16, kMT, kDeep><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (p.max_splits > 1) {
       return detail::LaunchMergeSplits<kQBf16, kMlaVDim>(p.ws, p.seq_lens, p.batch, p.num_heads,
@@ -433,32 +455,28 @@ struct MlaLauncher {
 
 template <typename KV, bool kQBf16>
 cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, size_t* need) {
+  const bool deep = GetKernelTuning().mla_pipeline != 1;
   if (p.num_heads % 32 == 0) {
-    return MlaLauncher<KV, kQBf16, 2>::Run(p, max_seq_len, ws_bytes, ws, stream);
+    if (deep) return MlaLauncher<KV, kQBf16, 2, true>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+    return MlaLauncher<KV, kQBf16, 2, false>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
   }
-  return MlaLauncher<KV, kQBf16, 1>::Run(p, max_seq_len, ws_bytes, ws, stream);
+  if (deep) return MlaLauncher<KV, kQBf16, 1, true>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+  return MlaLauncher<KV, kQBf16, 1, false>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
 }
 
-}  // namespace
-
-size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, int max_seq_len) {
-  // Sized for the most resident blocks any instantiation can have (4 per SM).
-  const int ctas = std::max(detail::NumSms(), 1) * 4;
-  const int hchunks = std::max(shape.num_heads / 32, 1);
-  const int len = std::max(max_seq_len, 1);
-  const int chunk = MlaChunkFor(shape.batch, hchunks, len, ctas, 0);
-  return detail::SplitWorkspaceBytes(shape.batch, detail::NumSplits(len, chunk), shape.num_heads,
-                                     kMlaVDim);
-}
-
-cudaError_t MlaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
-                      const int32_t* block_tables, const int32_t* seq_lens, int max_seq_len,
-                      const MlaDecodeShape& shape, const AttentionScales& scales, void* o,
-                      float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (shape.batch <= 0) return cudaSuccess;
+// Validates, fills the parameters and dispatches; with `need` set, plans only.
+cudaError_t MlaDispatch(const void* q, DType q_type, const void* kv_cache, DType kv_type,
+                        const int32_t* block_tables, const int32_t* seq_lens, int max_seq_len,
+                        const MlaDecodeShape& shape, const AttentionScales& scales, void* o,
+                        float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                        size_t* need) {
+  if (shape.batch <= 0) {
+    if (need != nullptr) *need = detail::kCounterBytes;
+    return cudaSuccess;
+  }
   if (shape.num_heads <= 0 || shape.num_heads % 16 != 0 || shape.block_size <= 0 ||
-      max_seq_len < 0 || workspace == nullptr) {
+      max_seq_len < 0 || (workspace == nullptr && need == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (q_type == DType::kFP8E4M3) return cudaErrorInvalidValue;
@@ -483,18 +501,39 @@ cudaError_t MlaDecode(const void* q, DType q_type, const void* kv_cache, DType k
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
   max_seq_len = std::max(max_seq_len, 1);
+  const size_t wb = workspace_bytes;
   switch (kv_type) {
     case DType::kBF16:
-      return DispatchHeads<Bf16Tag, true>(p, max_seq_len, workspace_bytes, workspace, stream);
+      return DispatchHeads<Bf16Tag, true>(p, max_seq_len, wb, workspace, stream, need);
     case DType::kFP16:
-      return DispatchHeads<Fp16Tag, false>(p, max_seq_len, workspace_bytes, workspace, stream);
+      return DispatchHeads<Fp16Tag, false>(p, max_seq_len, wb, workspace, stream, need);
     case DType::kFP8E4M3:
       if (q_type == DType::kBF16) {
-        return DispatchHeads<Fp8Tag, true>(p, max_seq_len, workspace_bytes, workspace, stream);
+        return DispatchHeads<Fp8Tag, true>(p, max_seq_len, wb, workspace, stream, need);
       }
-      return DispatchHeads<Fp8Tag, false>(p, max_seq_len, workspace_bytes, workspace, stream);
+      return DispatchHeads<Fp8Tag, false>(p, max_seq_len, wb, workspace, stream, need);
   }
   return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, DType q_type, DType kv_type,
+                               int max_seq_len) {
+  size_t need = 0;
+  if (MlaDispatch(nullptr, q_type, nullptr, kv_type, nullptr, nullptr, max_seq_len, shape,
+                  AttentionScales{}, nullptr, nullptr, nullptr, 0, nullptr, &need) != cudaSuccess) {
+    return 0;
+  }
+  return need;
+}
+
+cudaError_t MlaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
+                      const int32_t* block_tables, const int32_t* seq_lens, int max_seq_len,
+                      const MlaDecodeShape& shape, const AttentionScales& scales, void* o,
+                      float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return MlaDispatch(q, q_type, kv_cache, kv_type, block_tables, seq_lens, max_seq_len, shape,
+                     scales, o, lse, workspace, workspace_bytes, stream, nullptr);
 }
 
 }  // namespace kvpool::kernels

@@ -14,8 +14,11 @@
 
 namespace kvpool::kernels {
 
-// Bytes of workspace MlaDecode needs for this shape and any max_seq_len up to the one given.
-size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, int max_seq_len);
+// Bytes of workspace MlaDecode needs on the current device for this shape and types and
+// max_seq_len (a few MiB at most; a smaller workspace also works, with fewer splits). 0 for a
+// configuration MlaDecode does not cover.
+size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, DType q_type, DType kv_type,
+                               int max_seq_len);
 
 // o[b, h, :] = v_scale * softmax_t(sm_scale * k_scale * q[b, h] . c[b, t]) c[b, t, :512] over
 // the first seq_lens[b] tokens; lse[b, h] = ln sum_t exp(score_t) (null to skip); as

@@ -3,7 +3,8 @@
 # against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
 # Logs and tables go to $OUT (or ./gpu-out).
 #
-#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa]      (default: all three)
+#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [ncu]   (default: check bench sdpa)
+# ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-out}
@@ -36,6 +37,18 @@ fi
 if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
   timeout 300 python3 "$root/kernels/bench_sdpa.py" "$out/bench.csv" 2>&1 | tee "$out/sdpa.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" ncu "* ]]; then
+  for row in ${NCU_ROWS:-gqa:16:64:8192 mla:16:bf16:2 mla:32:bf16:2 mla:16:e4m3:2}; do
+    echo "=== ncu $row"
+    timeout 240 ncu --clock-control none --launch-skip 3 --launch-count 1 \
+      -k regex:'GqaDecodeKernel|MlaDecodeKernel' --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+      "$build/kvpool-kernels-bench" --only "$row" --reps 2 >"$out/ncu_${row//:/_}.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Issue Slots|No Eligible|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Stall|L2 Hit|Mem Pipes|Executed Ipc A" \
+      "$out/ncu_${row//:/_}.txt" | head -30
+  done
 fi
 echo "run_on_gpu: done in $(($(date +%s) - start)) s, status $rc"
 exit $rc

@@ -37,11 +37,13 @@ enum class CopyDirection : uint8_t {
   kHostToDevice,  // load: scatter host objects into the GPU cache
 };
 
-// How the bytes move. kAuto picks per request from the block size (see block_copy.cuh).
+// How the bytes move. kAuto picks per request (see block_copy.cuh).
 enum class CopyMethod : uint8_t {
   kAuto,
-  kKernel,      // one kernel whose threads load and store over PCIe (best for small blocks)
-  kCopyEngine,  // one cudaMemcpyBatchAsync (copy engines; best for large blocks)
+  kKernel,      // one kernel whose threads load and store over PCIe (zero-copy)
+  kCopyEngine,  // one cudaMemcpyBatchAsync entry per (block, segment) (copy engines)
+  kStaged,      // a kernel packs/unpacks whole block objects in a device staging buffer, and
+                // the copy engines move one contiguous object per block over PCIe
 };
 
 // ---------------------------------------------------------------------------------------------

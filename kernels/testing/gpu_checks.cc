@@ -15,6 +15,7 @@
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
 #include "kernels/reference.h"
+#include "kernels/tuning.h"
 
 namespace kvpool::kernels::testing {
 namespace {
@@ -220,6 +221,7 @@ struct CopyCase {
   size_t object_bytes = 0;  // size of one host object
   std::vector<int32_t> block_ids;
   bool registered = false;  // host objects in cudaHostRegister'ed memory instead of pinned
+  int staging_objects = 3;  // kStaged: objects per step (several steps per request)
 };
 
 CheckResult RunCopyCase(const CopyCase& c, CopyDirection dir, CopyMethod method,
@@ -228,6 +230,7 @@ CheckResult RunCopyCase(const CopyCase& c, CopyDirection dir, CopyMethod method,
   res.name = "copy/" + c.name + (dir == CopyDirection::kDeviceToHost ? "/d2h" : "/h2d") +
              (method == CopyMethod::kKernel       ? "/kernel"
               : method == CopyMethod::kCopyEngine ? "/copy-engine"
+              : method == CopyMethod::kStaged     ? "/staged"
                                                   : "/auto");
   const int n = static_cast<int>(c.block_ids.size());
   const size_t pool_bytes = c.object_bytes * n;
@@ -263,10 +266,15 @@ CheckResult RunCopyCase(const CopyCase& c, CopyDirection dir, CopyMethod method,
     dev_segs[s].base += reinterpret_cast<uint64_t>(cache.ptr);
     host_segs[s].base += reinterpret_cast<uint64_t>(cache_mirror.data());
   }
+  DeviceBuffer staging_buf;
+  const size_t staging_bytes = size_t{1} * c.staging_objects * ((c.object_bytes + 255) / 256 * 256);
+  CHECK_CUDA(res, staging_buf.Alloc(staging_bytes));
+  CHECK_CUDA(res, cudaMemset(staging_buf.ptr, 0x5a, staging_bytes));
   cudaStream_t stream;
   CHECK_CUDA(res, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const cudaError_t e = CopyBlocks(dev_segs.data(), static_cast<int>(dev_segs.size()),
-                                   c.block_ids.data(), objects.data(), n, dir, method, stream);
+  const cudaError_t e =
+      CopyBlocks(dev_segs.data(), static_cast<int>(dev_segs.size()), c.block_ids.data(),
+                 objects.data(), n, dir, method, CopyStaging{staging_buf.ptr, staging_bytes}, stream);
   const cudaError_t e2 = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   CHECK_CUDA(res, e);
@@ -371,12 +379,14 @@ std::vector<CheckResult> CheckBlockCopy(uint64_t seed) {
     c.cache_bytes = uint64_t{1} * segs * num_blocks * 64;
     c.object_bytes = segs * 64;
     c.block_ids = DistinctIds(2000, num_blocks, rng);
+    c.staging_objects = 700;
     cases.push_back(c);
   }
   std::vector<CheckResult> out;
   for (const CopyCase& c : cases) {
     for (CopyDirection dir : {CopyDirection::kDeviceToHost, CopyDirection::kHostToDevice}) {
-      for (CopyMethod m : {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kAuto}) {
+      for (CopyMethod m : {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged,
+                           CopyMethod::kAuto}) {
         if (c.name == "many-launches" && m == CopyMethod::kAuto) continue;
         out.push_back(RunCopyCase(c, dir, m, rng));
       }
@@ -472,7 +482,11 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
   DeviceBuffer d_cache, d_q, d_o, d_lse, d_table, d_lens, d_ws;
-  const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, max_len);
+  const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len);
+  if (ws_bytes == 0) {
+    res.detail = "GqaDecodeWorkspaceBytes refused the configuration";
+    return res;
+  }
   CHECK_CUDA(res, d_cache.Alloc(cache.size()));
   CHECK_CUDA(res, d_q.Alloc(q.size()));
   CHECK_CUDA(res, d_o.Alloc(q.size()));
@@ -491,10 +505,16 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   std::vector<float> lse(lse_ref.size());
   double worst = 0.0;
   // Twice: the second run reuses the workspace (the work counter must have been reset).
-  for (int run = 0; run < 2; ++run) {
+  // Run 1 reuses the workspace (its work counter must have been reset); run 2 gets room for two
+  // splits only, so long sequences take larger chunks.
+  const size_t small_ws = std::min(ws_bytes, 256 + size_t{8} * batch * c.qo_heads * (d + 1));
+  for (int run = 0; run < 3; ++run) {
+    CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, q.size()));
+    CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
     CHECK_CUDA(res, GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout,
                               d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len, shape, scales,
-                              d_o.ptr, d_lse.as<float>(), d_ws.ptr, ws_bytes, nullptr));
+                              d_o.ptr, d_lse.as<float>(), d_ws.ptr, run == 2 ? small_ws : ws_bytes,
+                              nullptr));
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
@@ -602,7 +622,11 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
                scales, o_ref.data(), lse_ref.data());
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
-  const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, max_len);
+  const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len);
+  if (ws_bytes == 0) {
+    res.detail = "MlaDecodeWorkspaceBytes refused the configuration";
+    return res;
+  }
   DeviceBuffer d_cache, d_q, d_o, d_lse, d_table, d_lens, d_ws;
   CHECK_CUDA(res, d_cache.Alloc(cache.size()));
   CHECK_CUDA(res, d_q.Alloc(q.size()));
@@ -621,10 +645,22 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
   std::vector<uint8_t> o(o_elems * 2);
   std::vector<float> lse(lse_ref.size());
   double worst = 0.0;
-  for (int run = 0; run < 2; ++run) {
-    CHECK_CUDA(res, MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, d_table.as<int32_t>(),
-                              d_lens.as<int32_t>(), max_len, shape, scales, d_o.ptr,
-                              d_lse.as<float>(), d_ws.ptr, ws_bytes, nullptr));
+  const size_t small_ws =
+      std::min(ws_bytes, 256 + size_t{8} * batch * c.heads * (kMlaVDim + 1));
+  // Run 0: the default pipeline; run 1: the other pipeline variant, reusing the workspace;
+  // run 2: room for two splits only.
+  for (int run = 0; run < 3; ++run) {
+    KernelTuning tuning;
+    tuning.mla_pipeline = run == 1 ? 1 : 0;
+    SetKernelTuning(tuning);
+    CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, o_elems * 2));
+    CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
+    const cudaError_t launch = MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type,
+                                         d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len,
+                                         shape, scales, d_o.ptr, d_lse.as<float>(), d_ws.ptr,
+                                         run == 2 ? small_ws : ws_bytes, nullptr);
+    SetKernelTuning(KernelTuning{});
+    CHECK_CUDA(res, launch);
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
