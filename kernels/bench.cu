@@ -25,7 +25,6 @@
 #include "kernels/block_copy.cuh"
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
-#include "kernels/tuning.h"
 
 namespace kvpool::kernels {
 namespace {
@@ -44,7 +43,7 @@ namespace {
 struct Options {
   std::string csv;
   bool quick = false;
-  std::string only;  // "gqa:BS:BATCH:CTX" or "mla:HEADS:DTYPE:PIPELINE": just that row (for ncu)
+  std::string only;  // "gqa:BS:BATCH:CTX" or "mla:HEADS:DTYPE": just that row (for ncu)
   int reps = 0;      // overrides the number of timed runs
 };
 
@@ -502,22 +501,17 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
   std::mt19937_64 rng(9);
   std::printf("\n### MLA decode (batch %d, context %d, block %d, latent 512 + rope 64)\n\n", batch,
               ctx, bs);
-  std::printf("| heads | kv | pipeline | median us | TB/s | vs read ceiling |\n| ---: | --- | --- "
-              "| ---: | ---: | ---: |\n");
+  std::printf("| heads | kv | median us | TB/s | vs read ceiling |\n| ---: | --- | ---: | ---: | "
+              "---: |\n");
   for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
     Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
     for (int heads : {16, 32, 64, 128}) {
-     for (int pipeline : {2, 1}) {
-      if (heads >= 64 && pipeline == 1) continue;
       const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
       if (!opt.only.empty()) {
         char want[64];
-        std::snprintf(want, sizeof(want), "mla:%d:%s:%d", heads, kv_name, pipeline);
+        std::snprintf(want, sizeof(want), "mla:%d:%s", heads, kv_name);
         if (opt.only != want) continue;
       }
-      KernelTuning tuning;
-      tuning.mla_pipeline = pipeline;
-      SetKernelTuning(tuning);
       const int eb = DTypeBytes(kv_type);
       std::vector<int32_t> ids(num_blocks * 2 / eb);
       std::iota(ids.begin(), ids.end(), 0);
@@ -544,12 +538,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
                           lse, ws, ws_bytes, s));
       };
       const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
-      SetKernelTuning(KernelTuning{});
       const double bytes = double{1} * batch * ctx * kMlaKDim * eb +
                            2.0 * batch * heads * (kMlaKDim + kMlaVDim) + 4.0 * batch * heads;
       const double tbs = bytes / (ms * 1e-3) / 1e12;
-      std::printf("| %d | %s | %s | %.1f | %.2f | %.2fx |\n", heads, kv_name,
-                  pipeline == 2 ? "deep, 1 block/SM" : "shallow", ms * 1e3, tbs,
+      std::printf("| %d | %s | %.1f | %.2f | %.2fx |\n", heads, kv_name, ms * 1e3, tbs,
                   tbs / ceil.read_tbs);
       std::fflush(stdout);
       CUDA_OK(cudaFree(d_table));
@@ -558,7 +550,6 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       CUDA_OK(cudaFree(o));
       CUDA_OK(cudaFree(lse));
       CUDA_OK(cudaFree(ws));
-     }
     }
   }
   CUDA_OK(cudaFree(pool));

@@ -80,8 +80,20 @@ struct GqaConfig {
   static constexpr int kFit = kSmemBudget / (kWarps * kStageBytes);
   static constexpr int kStages = kFit > 4 ? 4 : kFit;
   static constexpr int kSmemBytes = kWarps * kStages * kStageBytes;
-  static_assert(kNKC >= 1 && kNVC >= 1, "head_dim too small");
+  // Rows of at least 128 bytes are copied warp-wide in whole 16-byte chunks, row after row, so
+  // each copy instruction asks L2 for whole 128-byte lines (two 256-byte rows per instruction
+  // for d128 bf16), into row-major tiles whose 16-byte chunks are XOR-swizzled (Swizzle()) so
+  // that the fragment loads below hit distinct banks. 64-byte rows (e4m3, d64) keep a
+  // thread-private layout: each thread copies exactly the pieces it reads.
+  static constexpr bool kRowMajor = kRow >= 128;
+  static constexpr int kChunksPerRow = kRow / 16;
+  static_assert(kNKC >= 1 && kNVC >= 1 && kChunksPerRow >= 4, "head_dim too small");
 };
+
+// Swizzle of 16-byte chunk c in row `row` of a row-major tile: flips the low three bits so
+// that both the K reads (rows 2m, 2m+1; chunks qd + 4i) and the V reads (rows 2qd + const;
+// chunks r + 8i) of a quarter warp land on eight distinct 16-byte bank groups.
+__device__ __forceinline__ int Swizzle(int row, int c) { return c ^ ((row & 6) ^ ((row & 1) << 2)); }
 
 // Largest warps per block whose pipelines (at least 2 stages each) fit the budget.
 template <typename KV, int kDim>
@@ -171,30 +183,47 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint8_t* base =
           head_base + blk * p.block_stride + (tok0 % p.block_size) * p.token_stride;
       const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
+      if constexpr (C::kRowMajor) {
+        // K rows 0..15, then V rows 0..15: chunk q of the tile goes to row q / kChunksPerRow.
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const int j = 8 * n + r;
-        const bool ok = j < nvalid;
-        const uint8_t* row = base + j * p.token_stride;
+        for (int kv = 0; kv < 2; ++kv) {
 #pragma unroll
-        for (int i = 0; i < C::kNKC; ++i) {
-          detail::CpAsync16(st + ((n * C::kNKC + i) * 32 + lane) * 16,
-                            ok ? row + (qd + 4 * i) * 16 : base, ok ? 16 : 0);
+          for (int j = 0; j < C::kChunksPerRow / 2; ++j) {
+            const int q = j * 32 + lane;
+            const int row = q / C::kChunksPerRow;
+            const int c = q % C::kChunksPerRow;
+            const bool ok = row < nvalid;
+            const uint8_t* src = base + (kv ? p.v_offset : 0) + row * p.token_stride + c * 16;
+            detail::CpAsync16(st + kv * C::kKBytes + row * C::kRow + Swizzle(row, c) * 16,
+                              ok ? src : base, ok ? 16 : 0);
+          }
         }
-      }
+      } else {
 #pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        const int j = 2 * qd + (rr & 1) + (rr >> 1) * 8;
-        const bool ok = j < nvalid;
-        const uint8_t* row = base + p.v_offset + j * p.token_stride;
+        for (int n = 0; n < 2; ++n) {
+          const int j = 8 * n + r;
+          const bool ok = j < nvalid;
+          const uint8_t* row = base + j * p.token_stride;
 #pragma unroll
-        for (int i = 0; i < C::kNVC; ++i) {
-          const uint32_t dst = st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
-          const uint8_t* src = ok ? row + (r + 8 * i) * C::kCV : base;
-          if constexpr (C::kCV == 16) {
-            detail::CpAsync16(dst, src, ok ? 16 : 0);
-          } else {
-            detail::CpAsync8(dst, src, ok ? 8 : 0);
+          for (int i = 0; i < C::kNKC; ++i) {
+            detail::CpAsync16(st + ((n * C::kNKC + i) * 32 + lane) * 16,
+                              ok ? row + (qd + 4 * i) * 16 : base, ok ? 16 : 0);
+          }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+          const int j = 2 * qd + (rr & 1) + (rr >> 1) * 8;
+          const bool ok = j < nvalid;
+          const uint8_t* row = base + p.v_offset + j * p.token_stride;
+#pragma unroll
+          for (int i = 0; i < C::kNVC; ++i) {
+            const uint32_t dst = st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
+            const uint8_t* src = ok ? row + (r + 8 * i) * C::kCV : base;
+            if constexpr (C::kCV == 16) {
+              detail::CpAsync16(dst, src, ok ? 16 : 0);
+            } else {
+              detail::CpAsync8(dst, src, ok ? 8 : 0);
+            }
           }
         }
       }
@@ -212,9 +241,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       detail::CpAsyncCommit();
     }
     for (int k = 0; k < ntiles; ++k) {
+      // Row-major tiles are shared by the lanes: every lane is done reading tile k - 1 before
+      // its stage is refilled, and sees the other lanes' copies of tile k.
+      if constexpr (C::kRowMajor) __syncwarp();
       if (k + C::kStages - 1 < ntiles) issue(k + C::kStages - 1);
       detail::CpAsyncCommit();
       detail::CpAsyncWait<C::kStages - 1>();
+      if constexpr (C::kRowMajor) __syncwarp();
       const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
       const int tok0 = start + 16 * k;
 
@@ -225,7 +258,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
         for (int i = 0; i < C::kNKC; ++i) {
-          const uint4 x = detail::LdShared16(st + ((n * C::kNKC + i) * 32 + lane) * 16);
+          const int krow = 8 * n + r;
+          const uint4 x = detail::LdShared16(
+              C::kRowMajor ? st + krow * C::kRow + Swizzle(krow, qd + 4 * i) * 16
+                           : st + ((n * C::kNKC + i) * 32 + lane) * 16);
           if constexpr (kFp8) {
             uint32_t pr[8];
             detail::Fp8x4ToHalf2x2(x.x, pr[0], pr[1]);
@@ -293,7 +329,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         uint32_t x[4][kPairs];
 #pragma unroll
         for (int rr = 0; rr < 4; ++rr) {
-          const uint32_t addr = st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
+          const int vrow = 2 * qd + (rr & 1) + (rr >> 1) * 8;
+          const uint32_t addr =
+              C::kRowMajor
+                  ? st + C::kKBytes + vrow * C::kRow + Swizzle(vrow, r + 8 * i) * 16
+                  : st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
           if constexpr (kFp8) {
             if constexpr (C::kCV == 16) {
               const uint4 v = detail::LdShared16(addr);

@@ -5,20 +5,20 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
-#include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
 //  - A work item is (sequence, group of 16 * kMT heads, chunk of tokens); persistent thread
 //    blocks take items from an atomic counter.
 //  - 32-token tiles of latent rows stream into a shared-memory ring with bulk copies (one
-//    1152-byte row per lane of warp 0) completing on an mbarrier; rows are padded so that the
-//    fragment loads below hit distinct banks. Rows past the sequence end copy its last token,
-//    whose probability is then 0, so no NaN from unused cache slots can leak in.
-//  - kMT groups of 4 warps; each group owns 16 heads. S = Q K^T is split over the 576 key
-//    dimensions (144 per warp, the query fragments stay in registers), the four partial score
-//    tiles are summed through shared memory, and every warp of the group then runs the same
-//    online softmax, so P never leaves registers. O = P V is split over the 512 value
-//    dimensions (128 per warp), so no output accumulator is shared.
+//    row per lane of warp 0) completing on an mbarrier; rows are padded so that the fragment
+//    loads below hit distinct banks. Rows past the sequence end copy its last token, whose
+//    probability is then 0, so no NaN from unused cache slots can leak in.
+//  - kMT groups of 8 warps; each group owns 16 heads. In S = Q K^T warp w covers key
+//    dimensions [144 (w % 4), +144) (its query fragments stay in registers) for tokens
+//    [16 (w / 4), +16) of the tile; the four partial score tiles meet in shared memory, where
+//    warp w finishes tokens [4w, 4w + 4): scale, mask, row maxima, then P (16-bit) and row sums
+//    once the group agrees on the new maxima. In O = P V warp w owns value dimensions
+//    [64w, 64w + 64), so no output accumulator is shared.
 //  - bf16/fp16 fragments come from ldmatrix; e4m3 fragments from 32-bit loads converted to
 //    fp16 (exact), with the key dimensions permuted inside each k-step (the query is loaded with
 //    the same permutation) and the value dimensions permuted inside each 32-wide group (undone
@@ -33,9 +33,9 @@ using detail::Fp8Tag;
 using detail::KvTraits;
 
 constexpr int kTile = 32;        // tokens per pipeline stage
-constexpr int kGroupWarps = 4;   // warps per group of 16 heads
-constexpr int kKStepsPerWarp = kMlaKDim / 16 / kGroupWarps;  // 9
-constexpr int kVSlice = kMlaVDim / kGroupWarps;              // 128 value dims per warp
+constexpr int kGroupWarps = 8;   // warps per group of 16 heads
+constexpr int kKStepsPerWarp = kMlaKDim / 16 / 4;  // 9: key dims split four ways
+constexpr int kVSlice = kMlaVDim / kGroupWarps;    // 64 value dims per warp
 constexpr unsigned kFull = 0xffffffffu;
 
 struct MlaParams {
@@ -59,9 +59,7 @@ struct MlaParams {
   float v_scale;
 };
 
-// kDeep: one block per SM with a deep ring (more bytes in flight); otherwise a shallow ring
-// and two blocks per SM where registers allow.
-template <typename KV, int kMT, bool kDeep>
+template <typename KV, int kMT>
 struct MlaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
@@ -69,11 +67,19 @@ struct MlaConfig {
   // Row pitch in shared memory: 16-bit rows shift by 16 bytes (ldmatrix rows on distinct
   // banks), e4m3 rows by 4 words mod 32 (32-bit fragment loads on distinct banks).
   static constexpr int kPitch = kEB == 2 ? 1168 : 656;
-  static constexpr int kStages = kEB == 2 ? (kDeep ? 5 : 2) : (kDeep ? 9 : 4);
+  // Two blocks of 8 warps per SM for one head group, one block of 16 warps for two.
+  static constexpr int kStages = kEB == 2 ? (kMT == 1 ? 2 : 4) : (kMT == 1 ? 4 : 7);
   static constexpr int kStageBytes = kTile * kPitch;
   static constexpr int kSpartStride = kTile + 8;  // floats per partial-score row
-  static constexpr int kSpartBytes = kMT * kGroupWarps * 16 * kSpartStride * 4;
-  static constexpr int kBarOffset = kStages * kStageBytes + kSpartBytes;
+  static constexpr int kSpartBytes = kMT * 4 * 16 * kSpartStride * 4;
+  static constexpr int kPStride = kTile + 8;  // 16-bit values per P row (80 bytes)
+  static constexpr int kPBytes = kMT * 16 * kPStride * 2;
+  static constexpr int kStatBytes = kMT * kGroupWarps * 16 * 4;  // row maxima, row sums
+  static constexpr int kSpartOffset = kStages * kStageBytes;
+  static constexpr int kPOffset = kSpartOffset + kSpartBytes;
+  static constexpr int kMaxOffset = kPOffset + kPBytes;
+  static constexpr int kSumOffset = kMaxOffset + kStatBytes;
+  static constexpr int kBarOffset = kSumOffset + kStatBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * kStages;
   static constexpr int kThreads = kMT * kGroupWarps * 32;
   static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
@@ -83,10 +89,10 @@ __device__ __forceinline__ uint32_t Ld32(const uint16_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-template <typename KV, bool kQBf16, int kMT, bool kDeep>
-__global__ void __launch_bounds__(kMT * kGroupWarps * 32)
+template <typename KV, bool kQBf16, int kMT>
+__global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
     MlaDecodeKernel(const __grid_constant__ MlaParams p) {
-  using C = MlaConfig<KV, kMT, kDeep>;
+  using C = MlaConfig<KV, kMT>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -95,11 +101,19 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int mt = warp / kGroupWarps;  // head group
-  const int w = warp % kGroupWarps;   // key-dim quarter and value slice
+  const int w = warp % kGroupWarps;
+  const int dq = w % 4;  // key-dim quarter in S = Q K^T
+  const int th = w / 4;  // token half in S = Q K^T
   const int r = lane / 4;
   const int qd = lane % 4;
+  const int fh = lane / 2;        // finishing role: head fh, tokens 4w + 2 (lane % 2) + {0, 1}
+  const int ft = 4 * w + 2 * (lane % 2);
+  const int bar_id = 1 + mt;
   const uint32_t smem_base = detail::SmemAddr(smem);
-  float* spart = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes);
+  float* spart = reinterpret_cast<float*>(smem + C::kSpartOffset) + mt * 4 * 16 * C::kSpartStride;
+  uint16_t* pbuf = reinterpret_cast<uint16_t*>(smem + C::kPOffset) + mt * 16 * C::kPStride;
+  float* rowmax = reinterpret_cast<float*>(smem + C::kMaxOffset) + mt * kGroupWarps * 16;
+  float* rowsum = reinterpret_cast<float*>(smem + C::kSumOffset) + mt * kGroupWarps * 16;
   const uint32_t bars = smem_base + C::kBarOffset;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) detail::MbarInit(bars + 8 * s, 1);
@@ -136,20 +150,13 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
       const uint16_t* q8 = q0 + 8 * kMlaKDim;
 #pragma unroll
       for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-        const int ks = w * kKStepsPerWarp + kk;
-        if constexpr (kFp8) {
-          const int d0 = 16 * ks + 4 * qd;
-          qa[kk][0] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0));
-          qa[kk][1] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0));
-          qa[kk][2] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0 + 2));
-          qa[kk][3] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0 + 2));
-        } else {
-          const int d0 = 16 * ks + 2 * qd;
-          qa[kk][0] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0));
-          qa[kk][1] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0));
-          qa[kk][2] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0 + 8));
-          qa[kk][3] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0 + 8));
-        }
+        const int ks = dq * kKStepsPerWarp + kk;
+        const int d0 = kFp8 ? 16 * ks + 4 * qd : 16 * ks + 2 * qd;
+        const int hi = kFp8 ? 2 : 8;
+        qa[kk][0] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0));
+        qa[kk][1] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0));
+        qa[kk][2] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0 + hi));
+        qa[kk][3] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0 + hi));
       }
     }
 
@@ -185,11 +192,12 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
       while (issued < min(C::kStages, ntiles)) issue_next();
     }
 
-    float m_run[2] = {-INFINITY, -INFINITY};  // rows r, r + 8 (log2 domain)
-    float l_run[2] = {0.0f, 0.0f};
-    float acc[16][4];
+    float m_fin = -INFINITY;                  // running max of head fh (finishing role)
+    float m_pv[2] = {-INFINITY, -INFINITY};  // running max of heads r, r + 8 (P V role)
+    float l_pv[2] = {0.0f, 0.0f};
+    float acc[8][4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
     for (int k = 0; k < ntiles; ++k) {
       const uint32_t g = it + k;
@@ -198,108 +206,114 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
       const uint32_t kv_s = smem_base + stage * C::kStageBytes;
       const int tok0 = start + k * kTile;
 
-      // Partial scores over this warp's 144 key dimensions, 4 n-tiles of 8 tokens.
-      float s[4][4];
+      // 1. Partial scores: key dims of quarter dq, tokens 16 th .. 16 th + 15 (two n-tiles).
+      float s[2][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-        const int ks = w * kKStepsPerWarp + kk;
+        const int ks = dq * kKStepsPerWarp + kk;
         if constexpr (kFp8) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t x = detail::LdShared4(kv_s + (8 * j + r) * C::kPitch + 16 * ks + 4 * qd);
+          for (int j = 0; j < 2; ++j) {
+            const int row = 16 * th + 8 * j + r;
+            const uint32_t x = detail::LdShared4(kv_s + row * C::kPitch + 16 * ks + 4 * qd);
             uint32_t lo, hi;
             detail::Fp8x4ToHalf2x2(x, lo, hi);
             detail::Mma16816<kMB>(s[j], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], lo, hi);
           }
         } else {
           const int mat = lane / 8;
+          const int row = 16 * th + 8 * (mat >> 1) + lane % 8;
+          const int col = 16 * ks + 8 * (mat & 1);
+          uint32_t b0, b1, b2, b3;
+          detail::LdMatrixX4(kv_s + row * C::kPitch + col * 2, b0, b1, b2, b3);
+          detail::Mma16816<kMB>(s[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+          detail::Mma16816<kMB>(s[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
+        }
+      }
+      {
+        float* my_part = spart + dq * 16 * C::kSpartStride;
 #pragma unroll
-          for (int jp = 0; jp < 2; ++jp) {
-            const int row = 8 * (2 * jp + (mat >> 1)) + lane % 8;
-            const int col = 16 * ks + 8 * (mat & 1);
-            uint32_t b0, b1, b2, b3;
-            detail::LdMatrixX4(kv_s + row * C::kPitch + col * 2, b0, b1, b2, b3);
-            detail::Mma16816<kMB>(s[2 * jp], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
-            detail::Mma16816<kMB>(s[2 * jp + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2,
-                                  b3);
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            *reinterpret_cast<float2*>(my_part + (r + 8 * hf) * C::kSpartStride + 16 * th +
+                                       8 * j + 2 * qd) = make_float2(s[j][2 * hf], s[j][2 * hf + 1]);
           }
         }
       }
-      float* my_part = spart + (mt * kGroupWarps + w) * 16 * C::kSpartStride;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          *reinterpret_cast<float2*>(my_part + (r + 8 * hf) * C::kSpartStride + 8 * j + 2 * qd) =
-              make_float2(s[j][2 * hf], s[j][2 * hf + 1]);
-        }
-      }
-      detail::NamedBarrier(1 + mt, kGroupWarps * 32);
+      detail::NamedBarrier(bar_id, kGroupWarps * 32);
 
-      // Full scores (every warp of the group computes the same softmax).
-      float mx[2] = {-INFINITY, -INFINITY};
+      // 2. Finish tokens ft, ft + 1 of head fh: sum the quarters, scale, mask, tile maxima.
+      float2 sc = make_float2(0.0f, 0.0f);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float2 sum = make_float2(0.0f, 0.0f);
-#pragma unroll
-          for (int ww = 0; ww < kGroupWarps; ++ww) {
-            const float2 v = *reinterpret_cast<const float2*>(
-                spart + ((mt * kGroupWarps + ww) * 16 + r + 8 * hf) * C::kSpartStride + 8 * j +
-                2 * qd);
-            sum.x += v.x;
-            sum.y += v.y;
-          }
-          const int tok = tok0 + 8 * j + 2 * qd;
-          s[j][2 * hf] = tok < end ? sum.x * p.scale_log2 : -INFINITY;
-          s[j][2 * hf + 1] = tok + 1 < end ? sum.y * p.scale_log2 : -INFINITY;
-          mx[hf] = fmaxf(mx[hf], fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
-        }
+      for (int qq = 0; qq < 4; ++qq) {
+        const float2 v =
+            *reinterpret_cast<const float2*>(spart + (qq * 16 + fh) * C::kSpartStride + ft);
+        sc.x += v.x;
+        sc.y += v.y;
       }
+      sc.x = tok0 + ft < end ? sc.x * p.scale_log2 : -INFINITY;
+      sc.y = tok0 + ft + 1 < end ? sc.y * p.scale_log2 : -INFINITY;
+      float fmx = fmaxf(sc.x, sc.y);
+      fmx = fmaxf(fmx, __shfl_xor_sync(kFull, fmx, 1));
+      if ((lane & 1) == 0) rowmax[w * 16 + fh] = fmx;
+      detail::NamedBarrier(bar_id, kGroupWarps * 32);
+
+      // 3. New maxima (identical in every warp); P and row sums of the finishing role.
+      float tmax = -INFINITY, tmax_pv[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int ww = 0; ww < kGroupWarps; ++ww) {
+        tmax = fmaxf(tmax, rowmax[ww * 16 + fh]);
+        tmax_pv[0] = fmaxf(tmax_pv[0], rowmax[ww * 16 + r]);
+        tmax_pv[1] = fmaxf(tmax_pv[1], rowmax[ww * 16 + r + 8]);
+      }
+      m_fin = fmaxf(m_fin, tmax);  // finite: token 0 of a tile is always valid
+      const float p0 = exp2f(sc.x - m_fin), p1 = exp2f(sc.y - m_fin);
+      *reinterpret_cast<uint32_t*>(pbuf + fh * C::kPStride + ft) = detail::PackFloat2<kMB>(p0, p1);
+      float fsum = p0 + p1;
+      fsum += __shfl_xor_sync(kFull, fsum, 1);
+      if ((lane & 1) == 0) rowsum[w * 16 + fh] = fsum;
       float alpha[2];
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(kFull, mx[hf], 1));
-        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(kFull, mx[hf], 2));
-        const float m_new = fmaxf(m_run[hf], mx[hf]);
-        alpha[hf] = exp2f(m_run[hf] - m_new);
-        m_run[hf] = m_new;
-        float psum = 0.0f;
+        const float m_new = fmaxf(m_pv[hf], tmax_pv[hf]);
+        alpha[hf] = exp2f(m_pv[hf] - m_new);
+        m_pv[hf] = m_new;
+      }
+      detail::NamedBarrier(bar_id, kGroupWarps * 32);
+
+      // 4. O = O * alpha + P V over this warp's 64 value dims.
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s[j][2 * hf] = exp2f(s[j][2 * hf] - m_new);
-          s[j][2 * hf + 1] = exp2f(s[j][2 * hf + 1] - m_new);
-          psum += s[j][2 * hf] + s[j][2 * hf + 1];
-        }
-        l_run[hf] = l_run[hf] * alpha[hf] + psum;
+      for (int hf = 0; hf < 2; ++hf) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int ww = 0; ww < kGroupWarps; ++ww) sum += rowsum[ww * 16 + r + 8 * hf];
+        l_pv[hf] = l_pv[hf] * alpha[hf] + sum;
       }
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < 8; ++i) {
         acc[i][0] *= alpha[0];
         acc[i][1] *= alpha[0];
         acc[i][2] *= alpha[1];
         acc[i][3] *= alpha[1];
       }
-      uint32_t pa[2][4];
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        pa[kk][0] = detail::PackFloat2<kMB>(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = detail::PackFloat2<kMB>(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = detail::PackFloat2<kMB>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = detail::PackFloat2<kMB>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
-
-      // O += P V over this warp's 128 value dimensions.
       const int slice = w * kVSlice;
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
+        uint32_t pa[4];
+        {
+          const int mat = lane / 8;
+          const int prow = 8 * (mat & 1) + lane % 8;
+          const int pcol = 16 * kk + 8 * (mat >> 1);
+          detail::LdMatrixX4(detail::SmemAddr(pbuf + prow * C::kPStride + pcol), pa[0], pa[1],
+                             pa[2], pa[3]);
+        }
         if constexpr (kFp8) {
           const int t0 = 16 * kk + 2 * qd;
 #pragma unroll
-          for (int gm = 0; gm < 4; ++gm) {
+          for (int gm = 0; gm < 2; ++gm) {
             const uint32_t off = kv_s + slice + 32 * gm + 4 * r;
             uint32_t lo[4], hi[4];
             detail::Fp8x4ToHalf2x2(detail::LdShared4(off + t0 * C::kPitch), lo[0], hi[0]);
@@ -310,7 +324,7 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
             for (int jj = 0; jj < 4; ++jj) {
               const uint32_t sel = (jj & 1) ? 0x7632 : 0x5410;
               const uint32_t* x = jj < 2 ? lo : hi;
-              detail::Mma16816<kMB>(acc[4 * gm + jj], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3],
+              detail::Mma16816<kMB>(acc[4 * gm + jj], pa[0], pa[1], pa[2], pa[3],
                                     __byte_perm(x[0], x[1], sel), __byte_perm(x[2], x[3], sel));
             }
           }
@@ -318,31 +332,27 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
           const int mat = lane / 8;
           const int row = 16 * kk + 8 * (mat & 1) + lane % 8;
 #pragma unroll
-          for (int ntp = 0; ntp < 8; ++ntp) {
+          for (int ntp = 0; ntp < 4; ++ntp) {
             const int col = slice + 8 * (2 * ntp + (mat >> 1));
             uint32_t b0, b1, b2, b3;
             detail::LdMatrixX4Trans(kv_s + row * C::kPitch + col * 2, b0, b1, b2, b3);
-            detail::Mma16816<kMB>(acc[2 * ntp], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0,
-                                  b1);
-            detail::Mma16816<kMB>(acc[2 * ntp + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3],
-                                  b2, b3);
+            detail::Mma16816<kMB>(acc[2 * ntp], pa[0], pa[1], pa[2], pa[3], b0, b1);
+            detail::Mma16816<kMB>(acc[2 * ntp + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
           }
         }
       }
-      __syncthreads();  // the stage and the partial scores are free again
+      __syncthreads();  // the stage, the partial scores, P and the row statistics are free
       if (warp == 0 && issued < ntiles) issue_next();
     }
     it += ntiles;
 
-    // Outputs of rows r and r + 8 for this warp's value slice.
+    // Outputs of heads r and r + 8 for this warp's value slice.
     float inv[2], lse[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float l = l_run[hf];
-      l += __shfl_xor_sync(kFull, l, 1);
-      l += __shfl_xor_sync(kFull, l, 2);
+      const float l = l_pv[hf];
       inv[hf] = l > 0.0f ? p.v_scale / l : 0.0f;
-      lse[hf] = l > 0.0f ? (m_run[hf] + __log2f(l)) * detail::kLn2 : -INFINITY;
+      lse[hf] = l > 0.0f ? (m_pv[hf] + __log2f(l)) * detail::kLn2 : -INFINITY;
     }
     const bool direct = nsplit == 1;
     const int slice = w * kVSlice;
@@ -362,19 +372,20 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32)
     for (int hf = 0; hf < 2; ++hf) {
       if constexpr (kFp8) {
 #pragma unroll
-        for (int gm = 0; gm < 4; ++gm) {
+        for (int gm = 0; gm < 2; ++gm) {
 #pragma unroll
           for (int pj = 0; pj < 2; ++pj) {
 #pragma unroll
             for (int c01 = 0; c01 < 2; ++c01) {
               const int d = slice + 32 * gm + 8 * qd + 4 * c01 + 2 * pj;
-              emit(hf, d, acc[4 * gm + 2 * pj][2 * hf + c01], acc[4 * gm + 2 * pj + 1][2 * hf + c01]);
+              emit(hf, d, acc[4 * gm + 2 * pj][2 * hf + c01],
+                   acc[4 * gm + 2 * pj + 1][2 * hf + c01]);
             }
           }
         }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
           emit(hf, slice + 8 * nt + 2 * qd, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
         }
       }
@@ -395,13 +406,13 @@ int MlaChunkFor(int batch, int hchunks, int max_seq_len, int ctas, int max_split
                              /*min_chunk=*/256, /*waves=*/4, max_splits_cap);
 }
 
-template <typename KV, bool kQBf16, int kMT, bool kDeep>
+template <typename KV, bool kQBf16, int kMT>
 struct MlaLauncher {
-  using C = MlaConfig<KV, kMT, kDeep>;
+  using C = MlaConfig<KV, kMT>;
 
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = MlaDecodeKernel<KV, kQBf16, kMT, kDeep>;
+      auto kernel = MlaDecodeKernel<KV, kQBf16, kMT>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -443,7 +454,7 @@ struct MlaLauncher {
       return e;
     }
     const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
-    MlaDecodeKernel<KV, kQBf16, kMT, kDeep><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+    MlaDecodeKernel<KV, kQBf16, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (p.max_splits > 1) {
       return detail::LaunchMergeSplits<kQBf16, kMlaVDim>(p.ws, p.seq_lens, p.batch, p.num_heads,
@@ -456,13 +467,10 @@ struct MlaLauncher {
 template <typename KV, bool kQBf16>
 cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                           cudaStream_t stream, size_t* need) {
-  const bool deep = GetKernelTuning().mla_pipeline != 1;
   if (p.num_heads % 32 == 0) {
-    if (deep) return MlaLauncher<KV, kQBf16, 2, true>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
-    return MlaLauncher<KV, kQBf16, 2, false>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+    return MlaLauncher<KV, kQBf16, 2>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
   }
-  if (deep) return MlaLauncher<KV, kQBf16, 1, true>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
-  return MlaLauncher<KV, kQBf16, 1, false>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+  return MlaLauncher<KV, kQBf16, 1>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
 }
 
 // Validates, fills the parameters and dispatches; with `need` set, plans only.

@@ -39,7 +39,7 @@ if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" ncu "* ]]; then
-  for row in ${NCU_ROWS:-gqa:16:64:8192 mla:16:bf16:2 mla:32:bf16:2 mla:16:e4m3:2}; do
+  for row in ${NCU_ROWS:-gqa:16:64:8192 mla:32:bf16 mla:16:e4m3}; do
     echo "=== ncu $row"
     timeout 240 ncu --clock-control none --launch-skip 3 --launch-count 1 \
       -k regex:'GqaDecodeKernel|MlaDecodeKernel' --section SpeedOfLight \

@@ -15,7 +15,6 @@
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
 #include "kernels/reference.h"
-#include "kernels/tuning.h"
 
 namespace kvpool::kernels::testing {
 namespace {
@@ -647,19 +646,15 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
   double worst = 0.0;
   const size_t small_ws =
       std::min(ws_bytes, 256 + size_t{8} * batch * c.heads * (kMlaVDim + 1));
-  // Run 0: the default pipeline; run 1: the other pipeline variant, reusing the workspace;
-  // run 2: room for two splits only.
+  // Run 1 reuses the workspace (its work counter must have been reset); run 2 gets room for two
+  // splits only, so long sequences take larger chunks.
   for (int run = 0; run < 3; ++run) {
-    KernelTuning tuning;
-    tuning.mla_pipeline = run == 1 ? 1 : 0;
-    SetKernelTuning(tuning);
     CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, o_elems * 2));
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
     const cudaError_t launch = MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type,
                                          d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len,
                                          shape, scales, d_o.ptr, d_lse.as<float>(), d_ws.ptr,
                                          run == 2 ? small_ws : ws_bytes, nullptr);
-    SetKernelTuning(KernelTuning{});
     CHECK_CUDA(res, launch);
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
