@@ -25,6 +25,7 @@
 #include "kernels/block_copy.cuh"
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
+#include "kernels/tuning.h"
 
 namespace kvpool::kernels {
 namespace {
@@ -387,7 +388,8 @@ void BenchCopies(const Options& opt) {
 struct GqaConfigRow {
   int qo, kv, d, bs, batch, ctx;
   DType kv_type;
-  bool target;  // a row of the issue's target table
+  bool target;     // a row of the issue's target table
+  int warps = 0;   // KernelTuning::gqa_warps for a variant row
 };
 
 void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
@@ -408,6 +410,10 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   rows.push_back({32, 8, 64, 32, 64, 8192, DType::kBF16, false});
   rows.push_back({32, 8, 256, 32, 64, 8192, DType::kBF16, false});
   rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false});  // small batch: splits
+  // Variant: 4 kv heads per block (two blocks per SM) instead of 8.
+  for (int batch : {32, 128}) {
+    for (int ctx : {4096, 32768}) rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 4});
+  }
 
   // One pool big enough for the largest row, K/V-first layout over all of it.
   const int64_t max_tokens = int64_t{128} * 32768;
@@ -458,20 +464,24 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     CUDA_OK(cudaMemcpy(d_lens, lens.data(), r.batch * 4, cudaMemcpyHostToDevice));
     Fill(q, size_t{2} * r.batch * r.qo * r.d, 10, q_type == DType::kFP16 ? 1 : 0);
     const AttentionScales scales{1.0f / std::sqrt(static_cast<float>(r.d)), 1.0f, 1.0f};
+    KernelTuning tuning;
+    tuning.gqa_warps = r.warps;
+    SetKernelTuning(tuning);
     auto run = [&] {
       CUDA_OK(GqaDecode(q, q_type, pool, r.kv_type, layout, d_table, d_lens, r.ctx, shape, scales,
                         o, lse, ws, ws_bytes, s));
     };
     const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
+    SetKernelTuning(KernelTuning{});
     const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +  // K and V
                          2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
     const double tbs = bytes / (ms * 1e-3) / 1e12;
     std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s |\n", r.qo, r.kv, r.d,
                 r.kv_type == DType::kBF16 ? "bf16" : (r.kv_type == DType::kFP16 ? "fp16" : "e4m3"),
                 r.bs, r.batch, r.ctx, ms * 1e3, tbs, tbs / ceil.read_tbs,
-                r.target ? "" : " (extra)");
+                r.warps == 4 ? " (variant: 4 kv heads per block)" : (r.target ? "" : " (extra)"));
     std::fflush(stdout);
-    if (csv != nullptr && r.kv_type == DType::kBF16 && r.qo == 64 && r.d == 128) {
+    if (csv != nullptr && r.target) {
       std::fprintf(csv, "gqa,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.qo, r.kv, r.d, r.bs, r.batch,
                    r.ctx, ms, bytes, ceil.read_tbs);
     }
@@ -505,7 +515,9 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
               "---: |\n");
   for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
     Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
-    for (int heads : {16, 32, 64, 128}) {
+    for (int heads : {16, 32, 64, 128, -16}) {
+      const bool deep = heads < 0;
+      heads = deep ? -heads : heads;
       const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
       if (!opt.only.empty()) {
         char want[64];
@@ -537,12 +549,16 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
         CUDA_OK(MlaDecode(q, DType::kBF16, pool, kv_type, d_table, d_lens, ctx, shape, scales, o,
                           lse, ws, ws_bytes, s));
       };
+      KernelTuning tuning;
+      tuning.mla_stages = deep ? 1 : 0;
+      SetKernelTuning(tuning);
       const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
+      SetKernelTuning(KernelTuning{});
       const double bytes = double{1} * batch * ctx * kMlaKDim * eb +
                            2.0 * batch * heads * (kMlaKDim + kMlaVDim) + 4.0 * batch * heads;
       const double tbs = bytes / (ms * 1e-3) / 1e12;
-      std::printf("| %d | %s | %.1f | %.2f | %.2fx |\n", heads, kv_name, ms * 1e3, tbs,
-                  tbs / ceil.read_tbs);
+      std::printf("| %d | %s | %.1f | %.2f | %.2fx%s |\n", heads, kv_name, ms * 1e3, tbs,
+                  tbs / ceil.read_tbs, deep ? " (variant: 1 block/SM, deep ring)" : "");
       std::fflush(stdout);
       CUDA_OK(cudaFree(d_table));
       CUDA_OK(cudaFree(d_lens));

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
+#include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
 //  - A work item is (sequence, group of kWarps (kv head, <= 8 query heads) pairs, chunk of
@@ -476,7 +477,8 @@ template <typename KV, bool kQBf16, int kDim>
 cudaError_t DispatchWarps(GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                           cudaStream_t stream, size_t* need) {
   constexpr int kMax = MaxWarps<KV, kDim>();
-  if (p.pairs >= 8 && kMax >= 8) {
+  const int want = GetKernelTuning().gqa_warps;
+  if (p.pairs >= 8 && kMax >= 8 && want != 4) {
     return GqaLauncher<KV, kQBf16, kDim, (kMax >= 8 ? 8 : 2)>::Run(p, max_seq_len, ws_bytes, ws,
                                                                    stream, need);
   }

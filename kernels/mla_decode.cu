@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
+#include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
 //  - A work item is (sequence, group of 16 * kMT heads, chunk of tokens); persistent thread
@@ -59,7 +60,7 @@ struct MlaParams {
   float v_scale;
 };
 
-template <typename KV, int kMT>
+template <typename KV, int kMT, bool kDeep = false>
 struct MlaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
@@ -68,7 +69,9 @@ struct MlaConfig {
   // banks), e4m3 rows by 4 words mod 32 (32-bit fragment loads on distinct banks).
   static constexpr int kPitch = kEB == 2 ? 1168 : 656;
   // Two blocks of 8 warps per SM for one head group, one block of 16 warps for two.
-  static constexpr int kStages = kEB == 2 ? (kMT == 1 ? 2 : 4) : (kMT == 1 ? 4 : 7);
+  // kDeep (one head group): one block per SM with a deeper ring instead.
+  static constexpr int kStages =
+      kEB == 2 ? (kMT == 1 ? (kDeep ? 5 : 2) : 4) : (kMT == 1 ? (kDeep ? 9 : 4) : 7);
   static constexpr int kStageBytes = kTile * kPitch;
   static constexpr int kSpartStride = kTile + 8;  // floats per partial-score row
   static constexpr int kSpartBytes = kMT * 4 * 16 * kSpartStride * 4;
@@ -89,10 +92,10 @@ __device__ __forceinline__ uint32_t Ld32(const uint16_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-template <typename KV, bool kQBf16, int kMT>
+template <typename KV, bool kQBf16, int kMT, bool kDeep>
 __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
     MlaDecodeKernel(const __grid_constant__ MlaParams p) {
-  using C = MlaConfig<KV, kMT>;
+  using C = MlaConfig<KV, kMT, kDeep>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -406,13 +409,13 @@ int MlaChunkFor(int batch, int hchunks, int max_seq_len, int ctas, int max_split
                              /*min_chunk=*/256, /*waves=*/4, max_splits_cap);
 }
 
-template <typename KV, bool kQBf16, int kMT>
+template <typename KV, bool kQBf16, int kMT, bool kDeep = false>
 struct MlaLauncher {
-  using C = MlaConfig<KV, kMT>;
+  using C = MlaConfig<KV, kMT, kDeep>;
 
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = MlaDecodeKernel<KV, kQBf16, kMT>;
+      auto kernel = MlaDecodeKernel<KV, kQBf16, kMT, kDeep>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -454,7 +457,7 @@ struct MlaLauncher {
       return e;
     }
     const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
-    MlaDecodeKernel<KV, kQBf16, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+    MlaDecodeKernel<KV, kQBf16, kMT, kDeep><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (p.max_splits > 1) {
       return detail::LaunchMergeSplits<kQBf16, kMlaVDim>(p.ws, p.seq_lens, p.batch, p.num_heads,
@@ -469,6 +472,9 @@ cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* 
                           cudaStream_t stream, size_t* need) {
   if (p.num_heads % 32 == 0) {
     return MlaLauncher<KV, kQBf16, 2>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
+  }
+  if (GetKernelTuning().mla_stages == 1) {
+    return MlaLauncher<KV, kQBf16, 1, true>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
   }
   return MlaLauncher<KV, kQBf16, 1>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
 }

@@ -50,5 +50,26 @@ if [[ " $steps " == *" ncu "* ]]; then
       "$out/ncu_${row//:/_}.txt" | head -30
   done
 fi
+if [[ " $steps " == *" ncu-source "* ]]; then
+  # Per-SASS-instruction warp stall samples of one MLA row: where the time goes.
+  row=${NCU_SOURCE_ROW:-mla:32:bf16}
+  timeout 300 ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:MlaDecodeKernel \
+    --section SourceCounters --section WarpStateStats --print-details all --page source --csv \
+    --print-source sass "$build/kvpool-kernels-bench" --only "$row" --reps 2 \
+    >"$out/ncu_source.csv" 2>&1
+  python3 - "$out/ncu_source.csv" <<'PY' | tee "$out/ncu_source_top.txt"
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"'))
+rows = list(csv.DictReader(lines[start:]))
+cols = rows[0].keys()
+key = next(c for c in cols if "Warp Stall Sampling (All" in c)
+src = next(c for c in cols if c.strip('"') == "Source")
+total = sum(float(r[key] or 0) for r in rows)
+print("total samples", total, "columns:", [c for c in cols if "stall" in c.lower()][:40])
+for r in sorted(rows, key=lambda r: -float(r[key] or 0))[:40]:
+    print("%6.2f%%  %s" % (100 * float(r[key] or 0) / total, r[src][:110]))
+PY
+fi
 echo "run_on_gpu: done in $(($(date +%s) - start)) s, status $rc"
 exit $rc
