@@ -210,12 +210,17 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
       const int tok0 = start + k * kTile;
 
       // 1. Partial scores: key dims of quarter dq, tokens 16 th .. 16 th + 15 (two n-tiles).
-      float s[2][4];
+      // Even and odd k-steps accumulate separately: four independent MMA chains, not two.
+      float s[2][4], s2[2][4];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int j = 0; j < 2; ++j) {
+        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.0f;
+      }
 #pragma unroll
       for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
         const int ks = dq * kKStepsPerWarp + kk;
+        float(&sa)[2][4] = (kk & 1) ? s2 : s;
         if constexpr (kFp8) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
@@ -223,7 +228,7 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
             const uint32_t x = detail::LdShared4(kv_s + row * C::kPitch + 16 * ks + 4 * qd);
             uint32_t lo, hi;
             detail::Fp8x4ToHalf2x2(x, lo, hi);
-            detail::Mma16816<kMB>(s[j], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], lo, hi);
+            detail::Mma16816<kMB>(sa[j], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], lo, hi);
           }
         } else {
           const int mat = lane / 8;
@@ -231,9 +236,14 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
           const int col = 16 * ks + 8 * (mat & 1);
           uint32_t b0, b1, b2, b3;
           detail::LdMatrixX4(kv_s + row * C::kPitch + col * 2, b0, b1, b2, b3);
-          detail::Mma16816<kMB>(s[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
-          detail::Mma16816<kMB>(s[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
+          detail::Mma16816<kMB>(sa[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+          detail::Mma16816<kMB>(sa[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
         }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[j][c] += s2[j][c];
       }
       {
         float* my_part = spart + dq * 16 * C::kSpartStride;
