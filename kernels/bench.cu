@@ -410,9 +410,9 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   rows.push_back({32, 8, 64, 32, 64, 8192, DType::kBF16, false});
   rows.push_back({32, 8, 256, 32, 64, 8192, DType::kBF16, false});
   rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false});  // small batch: splits
-  // Variant: 4 kv heads per block (two blocks per SM) instead of 8.
+  // Variant: 8 kv heads per block (one block per SM) instead of 4.
   for (int batch : {32, 128}) {
-    for (int ctx : {4096, 32768}) rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 4});
+    for (int ctx : {4096, 32768}) rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
   }
 
   // One pool big enough for the largest row, K/V-first layout over all of it.
@@ -479,7 +479,7 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s |\n", r.qo, r.kv, r.d,
                 r.kv_type == DType::kBF16 ? "bf16" : (r.kv_type == DType::kFP16 ? "fp16" : "e4m3"),
                 r.bs, r.batch, r.ctx, ms * 1e3, tbs, tbs / ceil.read_tbs,
-                r.warps == 4 ? " (variant: 4 kv heads per block)" : (r.target ? "" : " (extra)"));
+                r.warps == 8 ? " (variant: 8 kv heads per block)" : (r.target ? "" : " (extra)"));
     std::fflush(stdout);
     if (csv != nullptr && r.target) {
       std::fprintf(csv, "gqa,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.qo, r.kv, r.d, r.bs, r.batch,

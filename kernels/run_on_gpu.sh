@@ -3,7 +3,8 @@
 # against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
 # Logs and tables go to $OUT (or ./gpu-out).
 #
-#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [ncu]   (default: check bench sdpa)
+#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [ncu] [ncu-source]
+#   (default: check bench sdpa)
 # ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,7 +55,7 @@ if [[ " $steps " == *" ncu-source "* ]]; then
   # Per-SASS-instruction warp stall samples of one MLA row: where the time goes.
   row=${NCU_SOURCE_ROW:-mla:32:bf16}
   timeout 300 ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:MlaDecodeKernel \
-    --section SourceCounters --section WarpStateStats --print-details all --page source --csv \
+    --section SourceCounters --section WarpStateStats --page source --csv \
     --print-source sass "$build/kvpool-kernels-bench" --only "$row" --reps 2 \
     >"$out/ncu_source.csv" 2>&1
   python3 - "$out/ncu_source.csv" <<'PY' | tee "$out/ncu_source_top.txt"

@@ -7,8 +7,8 @@
 namespace kvpool::kernels {
 
 struct KernelTuning {
-  int gqa_warps = 0;     // warps (kv heads) per GQA block: 4 or 8
-  int mla_stages = 0;    // 1: the deep ring variant of the MLA kernel (one block per SM)
+  int gqa_warps = 0;   // 8: eight kv heads per GQA block (one block per SM) instead of four
+  int mla_stages = 0;  // 1: the deep-ring MLA variant (one block per SM) for 16-head groups
 };
 
 void SetKernelTuning(const KernelTuning& tuning);

@@ -15,6 +15,7 @@
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
 #include "kernels/reference.h"
+#include "kernels/tuning.h"
 
 namespace kvpool::kernels::testing {
 namespace {
@@ -420,6 +421,7 @@ struct GqaCase {
   DType kv_type, q_type;
   Layout layout;
   std::vector<int> lens;
+  int warps = 0;  // KernelTuning::gqa_warps (0: the launcher's choice)
 };
 
 CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
@@ -428,7 +430,8 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     std::ostringstream s;
     s << "gqa/" << c.qo_heads << "x" << c.kv_heads << "/d" << c.head_dim << "/bs" << c.block_size
       << "/" << DTypeName(c.kv_type) << (c.kv_type == DType::kFP8E4M3 ? "-q" : "")
-      << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << "/" << LayoutName(c.layout);
+      << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << "/" << LayoutName(c.layout)
+      << (c.warps ? "/warps" + std::to_string(c.warps) : "");
     res.name = s.str();
   }
   const int batch = static_cast<int>(c.lens.size());
@@ -510,10 +513,15 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   for (int run = 0; run < 3; ++run) {
     CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, q.size()));
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
-    CHECK_CUDA(res, GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout,
-                              d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len, shape, scales,
-                              d_o.ptr, d_lse.as<float>(), d_ws.ptr, run == 2 ? small_ws : ws_bytes,
-                              nullptr));
+    KernelTuning tuning;
+    tuning.gqa_warps = c.warps;
+    SetKernelTuning(tuning);
+    const cudaError_t launch = GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout,
+                                         d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len,
+                                         shape, scales, d_o.ptr, d_lse.as<float>(), d_ws.ptr,
+                                         run == 2 ? small_ws : ws_bytes, nullptr);
+    SetKernelTuning(KernelTuning{});
+    CHECK_CUDA(res, launch);
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
@@ -561,6 +569,13 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
   // Long sequences: split across blocks and merged.
   out.push_back(RunGqaCase({64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst,
                             {4099, 1, 2500, 700}},
+                           rng));
+  // The eight-heads-per-block variant.
+  out.push_back(RunGqaCase({64, 8, 128, 32, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst,
+                            {1, 2500, 77, 0}, 8},
+                           rng));
+  out.push_back(RunGqaCase({32, 8, 64, 16, DType::kBF16, DType::kBF16, Layout::kPacked,
+                            {300, 16, 1}, 8},
                            rng));
   out.push_back(RunGqaCase({32, 8, 128, 64, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst,
                             {3000, 5000}},
