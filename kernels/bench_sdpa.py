@@ -11,6 +11,7 @@ compared against.
 import csv
 import statistics
 import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,7 @@ def median_ms(fn, warmup=3, reps=20):
 
 
 def main():
+    warnings.filterwarnings("ignore")  # backends that refuse a shape say so; we report n/a
     rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["kind"] == "gqa"]
     torch.manual_seed(0)
     print("\n### GQA decode vs PyTorch SDPA (torch %s) over a contiguous copy of the cache\n"
