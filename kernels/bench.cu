@@ -30,16 +30,14 @@
 namespace kvpool::kernels {
 namespace {
 
-#define CUDA_OK(expr)                                                                       \
-  do {                                                                                      \
-    const cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                    \
-                   cudaGetErrorString(e_));                                                 \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define CUDA_OK(expr)                                                                             \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
-
 
 struct Options {
   std::string csv;
@@ -134,8 +132,8 @@ int NumSms() {
 // ---------------------------------------------------------------------------------------------
 
 struct Ceiling {
-  double read_tbs = 0;     // best read-only kernel
-  double d2d_tbs = 0;      // cudaMemcpy device to device, read + write bytes
+  double read_tbs = 0;  // best read-only kernel
+  double d2d_tbs = 0;   // cudaMemcpy device to device, read + write bytes
 };
 
 Ceiling MeasureReadCeiling(cudaStream_t s, const Options& opt) {
@@ -174,9 +172,9 @@ Ceiling MeasureReadCeiling(cudaStream_t s, const Options& opt) {
   }
   void* dst;
   CUDA_OK(cudaMalloc(&dst, bytes / 2));
-  const double ms = MedianMs(
-      [&] { CUDA_OK(cudaMemcpyAsync(dst, buf, bytes / 2, cudaMemcpyDeviceToDevice, s)); }, s, 3,
-      opt.quick ? 5 : 20);
+  const double ms =
+      MedianMs([&] { CUDA_OK(cudaMemcpyAsync(dst, buf, bytes / 2, cudaMemcpyDeviceToDevice, s)); },
+               s, 3, opt.quick ? 5 : 20);
   c.d2d_tbs = bytes / (ms * 1e-3) / 1e12;  // 2 GiB read + 2 GiB written
   std::printf("| cudaMemcpy D2D 2 GiB (read + write bytes) | %.3f | %.2f |\n", ms, c.d2d_tbs);
   std::printf("\nRead-only ceiling used below: **%.2f TB/s**\n", c.read_tbs);
@@ -191,22 +189,21 @@ Ceiling MeasureReadCeiling(cudaStream_t s, const Options& opt) {
 
 struct CopySetup {
   std::vector<KvSegment> segments;
-  std::vector<int32_t> ids_a, ids_b;        // two disjoint block sets
-  std::vector<uint8_t*> objs_a, objs_b;     // their host objects
+  std::vector<int32_t> ids_a, ids_b;     // two disjoint block sets
+  std::vector<uint8_t*> objs_a, objs_b;  // their host objects
   uint64_t bytes_per_op = 0;
 };
 
 // num_segments segments of seg_block_bytes blocks, each segment holding phys_blocks blocks in
 // `cache`; moves `count` blocks per operation into host objects packed in pool_a / pool_b.
-CopySetup MakeCopySetup(uint8_t* cache, int num_segments, uint64_t seg_block_bytes,
-                        int phys_blocks, int count, uint8_t* pool_a, uint8_t* pool_b,
-                        std::mt19937_64& rng) {
+CopySetup MakeCopySetup(uint8_t* cache, int num_segments, uint64_t seg_block_bytes, int phys_blocks,
+                        int count, uint8_t* pool_a, uint8_t* pool_b, std::mt19937_64& rng) {
   CopySetup c;
   uint64_t off = 0;
   for (int s = 0; s < num_segments; ++s) {
-    c.segments.push_back({reinterpret_cast<uint64_t>(cache) + uint64_t{1} * s * phys_blocks *
-                                                                  seg_block_bytes,
-                          seg_block_bytes, seg_block_bytes, off});
+    c.segments.push_back(
+        {reinterpret_cast<uint64_t>(cache) + uint64_t{1} * s * phys_blocks * seg_block_bytes,
+         seg_block_bytes, seg_block_bytes, off});
     off += seg_block_bytes;
   }
   std::vector<int32_t> ids(phys_blocks);
@@ -246,8 +243,7 @@ struct CopyRates {
 // Staging buffers for kStaged: one per stream.
 CopyStaging g_staging[2];
 
-CopyRates TimeCopies(const CopySetup& c, CopyMethod m, cudaStream_t s1, cudaStream_t s2,
-                     int reps) {
+CopyRates TimeCopies(const CopySetup& c, CopyMethod m, cudaStream_t s1, cudaStream_t s2, int reps) {
   CopyRates r;
   const int ns = static_cast<int>(c.segments.size());
   const int nb = static_cast<int>(c.ids_a.size());
@@ -301,32 +297,38 @@ void BenchCopies(const Options& opt) {
 
   // Baseline: plain pinned 1 GiB copies.
   const double base_h2d =
-      gib / (MedianMs([&] { CUDA_OK(cudaMemcpyAsync(d1, h1, gib, cudaMemcpyHostToDevice, s1)); },
-                      s1, 2, reps) * 1e-3) / 1e9;
+      gib /
+      (MedianMs([&] { CUDA_OK(cudaMemcpyAsync(d1, h1, gib, cudaMemcpyHostToDevice, s1)); }, s1, 2,
+                reps) *
+       1e-3) /
+      1e9;
   const double base_d2h =
-      gib / (MedianMs([&] { CUDA_OK(cudaMemcpyAsync(h1, d1, gib, cudaMemcpyDeviceToHost, s1)); },
-                      s1, 2, reps) * 1e-3) / 1e9;
+      gib /
+      (MedianMs([&] { CUDA_OK(cudaMemcpyAsync(h1, d1, gib, cudaMemcpyDeviceToHost, s1)); }, s1, 2,
+                reps) *
+       1e-3) /
+      1e9;
   cudaEvent_t fork, join;
   CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  const double base_both =
-      2.0 * gib /
-      (MedianMs(
-           [&] {
-             CUDA_OK(cudaEventRecord(fork, s1));
-             CUDA_OK(cudaStreamWaitEvent(s2, fork));
-             CUDA_OK(cudaMemcpyAsync(h1, d1, gib, cudaMemcpyDeviceToHost, s1));
-             CUDA_OK(cudaMemcpyAsync(d2, h2, gib, cudaMemcpyHostToDevice, s2));
-             CUDA_OK(cudaEventRecord(join, s2));
-             CUDA_OK(cudaStreamWaitEvent(s1, join));
-           },
-           s1, 2, reps) *
-       1e-3) /
-      1e9;
+  const double base_both = 2.0 * gib /
+                           (MedianMs(
+                                [&] {
+                                  CUDA_OK(cudaEventRecord(fork, s1));
+                                  CUDA_OK(cudaStreamWaitEvent(s2, fork));
+                                  CUDA_OK(cudaMemcpyAsync(h1, d1, gib, cudaMemcpyDeviceToHost, s1));
+                                  CUDA_OK(cudaMemcpyAsync(d2, h2, gib, cudaMemcpyHostToDevice, s2));
+                                  CUDA_OK(cudaEventRecord(join, s2));
+                                  CUDA_OK(cudaStreamWaitEvent(s1, join));
+                                },
+                                s1, 2, reps) *
+                            1e-3) /
+                           1e9;
   std::printf("\n### Host <-> device baseline: plain pinned 1 GiB cudaMemcpyAsync\n\n");
   std::printf("| direction | GB/s |\n| --- | ---: |\n");
-  std::printf("| host -> device | %.1f |\n| device -> host | %.1f |\n| both at once (sum) | %.1f |\n",
-              base_h2d, base_d2h, base_both);
+  std::printf(
+      "| host -> device | %.1f |\n| device -> host | %.1f |\n| both at once (sum) | %.1f |\n",
+      base_h2d, base_d2h, base_both);
 
   // The target case: 16-token blocks of a 32-layer GQA-8 cache (d128, bf16), FlashAttention
   // layout: 64 segments of 32 KiB per block; 512 blocks (1 GiB) per operation.
@@ -338,13 +340,15 @@ void BenchCopies(const Options& opt) {
     CUDA_OK(cudaMalloc(&cache, 64 * phys * seg_bytes));
     Fill(cache, 64 * phys * seg_bytes, 6, 0);
     const CopySetup c = MakeCopySetup(cache, 64, seg_bytes, phys, count, h1, h2, rng);
-    std::printf("\n### Block gather/scatter: 32-layer GQA-8 cache (d128, bf16, 16-token blocks), "
-                "64 segments x 32 KiB per block, 512 random blocks (1 GiB) per operation\n\n");
-    std::printf("| method | device -> host GB/s | vs pinned copy | host -> device GB/s | vs pinned "
-                "copy | both at once GB/s | vs one direction |\n");
+    std::printf(
+        "\n### Block gather/scatter: 32-layer GQA-8 cache (d128, bf16, 16-token blocks), "
+        "64 segments x 32 KiB per block, 512 random blocks (1 GiB) per operation\n\n");
+    std::printf(
+        "| method | device -> host GB/s | vs pinned copy | host -> device GB/s | vs pinned "
+        "copy | both at once GB/s | vs one direction |\n");
     std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    for (CopyMethod m : {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged,
-                         CopyMethod::kAuto}) {
+    for (CopyMethod m :
+         {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged, CopyMethod::kAuto}) {
       const CopyRates r = TimeCopies(c, m, s1, s2, reps);
       std::printf("| %s | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx |\n", MethodName(m), r.d2h,
                   r.d2h / base_d2h, r.h2d, r.h2d / base_h2d, r.both,
@@ -354,10 +358,12 @@ void BenchCopies(const Options& opt) {
   }
 
   // Size sweep: per-segment block bytes, 64 segments, ~512 MiB per operation.
-  std::printf("\n### Block copy methods by per-segment block size (64 segments, 512 MiB per "
-              "operation)\n\n");
-  std::printf("| segment block bytes | kernel D2H | copy engine D2H | staged D2H | kernel H2D | "
-              "copy engine H2D | staged H2D | kernel both | staged both |\n");
+  std::printf(
+      "\n### Block copy methods by per-segment block size (64 segments, 512 MiB per "
+      "operation)\n\n");
+  std::printf(
+      "| segment block bytes | kernel D2H | copy engine D2H | staged D2H | kernel H2D | "
+      "copy engine H2D | staged H2D | kernel both | staged both |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (uint64_t bytes : {uint64_t{2048}, uint64_t{8192}, uint64_t{32768}, uint64_t{131072},
                          uint64_t{524288}, uint64_t{2097152}}) {
@@ -388,8 +394,8 @@ void BenchCopies(const Options& opt) {
 struct GqaConfigRow {
   int qo, kv, d, bs, batch, ctx;
   DType kv_type;
-  bool target;     // a row of the issue's target table
-  int warps = 0;   // KernelTuning::gqa_warps for a variant row
+  bool target;    // a row of the issue's target table
+  int warps = 0;  // KernelTuning::gqa_warps for a variant row
 };
 
 void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
@@ -412,7 +418,8 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false});  // small batch: splits
   // Variant: 8 kv heads per block (one block per SM) instead of 4.
   for (int batch : {32, 128}) {
-    for (int ctx : {4096, 32768}) rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
+    for (int ctx : {4096, 32768})
+      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
   }
 
   // One pool big enough for the largest row, K/V-first layout over all of it.
@@ -424,8 +431,9 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   std::mt19937_64 rng(8);
 
   std::printf("\n### GQA decode (paged, K/V-first layout, all sequences at full context)\n\n");
-  std::printf("| heads q/kv | d | kv | block | batch | context | median us | TB/s | vs read "
-              "ceiling |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf(
+      "| heads q/kv | d | kv | block | batch | context | median us | TB/s | vs read "
+      "ceiling |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const GqaConfigRow& r : rows) {
     if (!opt.only.empty()) {
       char want[64];
@@ -473,7 +481,7 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     };
     const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
     SetKernelTuning(KernelTuning{});
-    const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +  // K and V
+    const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +     // K and V
                          2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
     const double tbs = bytes / (ms * 1e-3) / 1e12;
     std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s |\n", r.qo, r.kv, r.d,
@@ -511,8 +519,9 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
   std::mt19937_64 rng(9);
   std::printf("\n### MLA decode (batch %d, context %d, block %d, latent 512 + rope 64)\n\n", batch,
               ctx, bs);
-  std::printf("| heads | kv | median us | TB/s | vs read ceiling |\n| ---: | --- | ---: | ---: | "
-              "---: |\n");
+  std::printf(
+      "| heads | kv | median us | TB/s | vs read ceiling |\n| ---: | --- | ---: | ---: | "
+      "---: |\n");
   for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
     Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
     for (int heads : {16, 32, 64, 128, -16}) {
@@ -592,8 +601,10 @@ int main(int argc, char** argv) {
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] [--reps N]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] [--reps N]\n",
+          argv[0]);
       return 2;
     }
   }

@@ -59,7 +59,7 @@ __device__ __forceinline__ void Store16(uint4* p, const uint4& v) {
 // multiple of 16. Each thread loads kCopyUnroll vectors before storing any, so that many
 // PCIe reads are in flight (the host side may be either end).
 __device__ __forceinline__ void CopyChunk16(uint8_t* __restrict__ dst,
-                                           const uint8_t* __restrict__ src, uint32_t bytes) {
+                                            const uint8_t* __restrict__ src, uint32_t bytes) {
   const uint32_t n = bytes / 16;
   const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);
@@ -86,8 +86,7 @@ __device__ __forceinline__ void CopyChunkBytes(uint8_t* __restrict__ dst,
 // Work unit u = (block i, segment s, chunk c); a grid-stride loop over all units.
 template <typename Params>
 __global__ void __launch_bounds__(kCopyThreads) CopyBlocksKernel(const __grid_constant__ Params p) {
-  const uint64_t units =
-      uint64_t{p.num_blocks} * p.num_segments * p.chunks_per_block;
+  const uint64_t units = uint64_t{p.num_blocks} * p.num_segments * p.chunks_per_block;
   for (uint64_t u = blockIdx.x; u < units; u += gridDim.x) {
     const uint32_t c = static_cast<uint32_t>(u % p.chunks_per_block);
     const uint64_t pair = u / p.chunks_per_block;
@@ -98,8 +97,8 @@ __global__ void __launch_bounds__(kCopyThreads) CopyBlocksKernel(const __grid_co
     if (begin >= seg.block_bytes) continue;
     const uint32_t bytes =
         static_cast<uint32_t>(min(seg.block_bytes - begin, uint64_t{kChunkBytes}));
-    uint8_t* dev = reinterpret_cast<uint8_t*>(seg.base + uint64_t(int64_t{p.block_ids[i]}) *
-                                                             seg.block_stride + begin);
+    uint8_t* dev = reinterpret_cast<uint8_t*>(
+        seg.base + uint64_t(int64_t{p.block_ids[i]}) * seg.block_stride + begin);
     uint8_t* host = reinterpret_cast<uint8_t*>(p.host[i] + seg.host_offset + begin);
     uint8_t* dst = p.to_host ? host : dev;
     const uint8_t* src = p.to_host ? dev : host;
@@ -121,9 +120,9 @@ int NumSms() {
 }
 
 template <typename Params>
-cudaError_t LaunchCopyKernel(const KvSegment* segments, int num_segments,
-                             const int32_t* block_ids, uint8_t* const* host_blocks,
-                             int num_blocks, CopyDirection direction, cudaStream_t stream) {
+cudaError_t LaunchCopyKernel(const KvSegment* segments, int num_segments, const int32_t* block_ids,
+                             uint8_t* const* host_blocks, int num_blocks, CopyDirection direction,
+                             cudaStream_t stream) {
   Params p;
   p.to_host = direction == CopyDirection::kDeviceToHost ? 1 : 0;
   for (int s0 = 0; s0 < num_segments; s0 += Params::kMaxSegs) {
@@ -159,11 +158,11 @@ cudaError_t CopyWithKernel(const KvSegment* segments, int num_segments, const in
                            uint8_t* const* host_blocks, int num_blocks, CopyDirection direction,
                            cudaStream_t stream) {
   if (num_segments <= SmallParams::kMaxSegs && num_blocks <= SmallParams::kMaxBlks) {
-    return LaunchCopyKernel<SmallParams>(segments, num_segments, block_ids, host_blocks,
-                                         num_blocks, direction, stream);
+    return LaunchCopyKernel<SmallParams>(segments, num_segments, block_ids, host_blocks, num_blocks,
+                                         direction, stream);
   }
-  return LaunchCopyKernel<LargeParams>(segments, num_segments, block_ids, host_blocks,
-                                       num_blocks, direction, stream);
+  return LaunchCopyKernel<LargeParams>(segments, num_segments, block_ids, host_blocks, num_blocks,
+                                       direction, stream);
 }
 
 // Per-thread scratch for the copy-engine paths, reused across calls.
@@ -197,9 +196,8 @@ cudaError_t SubmitCopies(CopyList& list, cudaMemcpyKind kind, cudaStream_t strea
     cudaMemcpyAttributes attr = {};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t attr_index = 0;
-    const cudaError_t e =
-        cudaMemcpyBatchAsync(list.dst.data(), list.src.data(), list.size.data(), list.size.size(),
-                             &attr, &attr_index, 1, stream);
+    const cudaError_t e = cudaMemcpyBatchAsync(list.dst.data(), list.src.data(), list.size.data(),
+                                               list.size.size(), &attr, &attr_index, 1, stream);
     if (e == cudaSuccess) return e;
     if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) return e;
     (void)cudaGetLastError();  // not a sticky error: fall back to one copy per range
@@ -221,8 +219,8 @@ cudaError_t CopyWithEngines(const KvSegment* segments, int num_segments, const i
     for (int s = 0; s < num_segments; ++s) {
       const KvSegment& seg = segments[s];
       if (seg.block_bytes == 0) continue;
-      auto* dev = reinterpret_cast<uint8_t*>(seg.base + uint64_t(int64_t{block_ids[i]}) *
-                                                            seg.block_stride);
+      auto* dev =
+          reinterpret_cast<uint8_t*>(seg.base + uint64_t(int64_t{block_ids[i]}) * seg.block_stride);
       uint8_t* host = host_blocks[i] + seg.host_offset;
       if (to_host) {
         list.Add(host, dev, seg.block_bytes);
@@ -351,8 +349,8 @@ cudaError_t CopyBlocks(const KvSegment* segments, int num_segments, const int32_
       return CopyWithKernel(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
                             stream);
     case CopyMethod::kCopyEngine:
-      return CopyWithEngines(segments, num_segments, block_ids, host_blocks, num_blocks,
-                             direction, stream);
+      return CopyWithEngines(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
+                             stream);
     case CopyMethod::kStaged:
       return CopyStaged(segments, num_segments, block_ids, host_blocks, num_blocks, direction,
                         staging, stream);

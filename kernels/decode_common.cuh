@@ -62,12 +62,10 @@ inline int NumSplits(int max_seq_len, int chunk) {
 // Merges the partial results of every (sequence, head) that was split: one warp each.
 // o: [batch, heads, dim] of OutT (bf16 or fp16 pairs), lse: [batch, heads] or null.
 template <bool kOutBf16, int kDim>
-__global__ void __launch_bounds__(128) MergeSplitsKernel(const float* __restrict__ part_o,
-                                                         const float* __restrict__ part_lse,
-                                                         const int32_t* __restrict__ seq_lens,
-                                                         int batch, int heads, int max_splits,
-                                                         int chunk, void* __restrict__ o,
-                                                         float* __restrict__ lse) {
+__global__ void __launch_bounds__(128)
+    MergeSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                      const int32_t* __restrict__ seq_lens, int batch, int heads, int max_splits,
+                      int chunk, void* __restrict__ o, float* __restrict__ lse) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= batch * heads) return;

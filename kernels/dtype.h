@@ -27,7 +27,7 @@ inline float BF16ToFloat(uint16_t h) { return BitsFloat(uint32_t{h} << 16); }
 inline uint16_t FloatToBF16(float f) {
   uint32_t u = FloatBits(f);
   if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);  // keep it a (quiet) NaN
-  u += 0x7fff + ((u >> 16) & 1);                                       // round to nearest even
+  u += 0x7fff + ((u >> 16) & 1);                                      // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
 
@@ -36,7 +36,7 @@ inline float FP16ToFloat(uint16_t h) {
   const uint32_t exp = (h >> 10) & 0x1f;
   const uint32_t mant = h & 0x3ffu;
   if (exp == 0x1f) return BitsFloat(sign | 0x7f800000u | (mant << 13));  // inf / NaN
-  if (exp == 0) {                                                       // zero / subnormal
+  if (exp == 0) {                                                        // zero / subnormal
     const float v = std::ldexp(static_cast<float>(mant), -24);
     return sign ? -v : v;
   }
@@ -48,8 +48,8 @@ inline uint16_t FloatToFP16(float f) {
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   if (std::isnan(f)) return sign | 0x7e00;
   const float a = std::fabs(f);
-  if (a >= 65520.0f) return sign | 0x7c00;  // rounds to infinity
-  if (a < std::ldexp(1.0f, -14)) {          // subnormal half: multiples of 2^-24
+  if (a >= 65520.0f) return sign | 0x7c00;            // rounds to infinity
+  if (a < std::ldexp(1.0f, -14)) {                    // subnormal half: multiples of 2^-24
     const float q = std::nearbyint(a * 16777216.0f);  // default rounding mode: nearest even
     return sign | static_cast<uint16_t>(q);
   }

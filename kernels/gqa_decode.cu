@@ -68,12 +68,12 @@ template <typename KV, int kDim, int kWarps>
 struct GqaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
-  static constexpr int kRow = kDim * kEB;            // bytes of one K or V row
-  static constexpr int kNKC = kRow / 64;             // 16-byte K pieces per row per thread
-  static constexpr int kCV = kRow >= 128 ? 16 : 8;   // bytes of one V piece
-  static constexpr int kNVC = kRow / (8 * kCV);      // V pieces per row per thread
-  static constexpr int kEK = 16 / kEB;               // elements per K piece
-  static constexpr int kEV = kCV / kEB;              // elements per V piece
+  static constexpr int kRow = kDim * kEB;           // bytes of one K or V row
+  static constexpr int kNKC = kRow / 64;            // 16-byte K pieces per row per thread
+  static constexpr int kCV = kRow >= 128 ? 16 : 8;  // bytes of one V piece
+  static constexpr int kNVC = kRow / (8 * kCV);     // V pieces per row per thread
+  static constexpr int kEK = 16 / kEB;              // elements per K piece
+  static constexpr int kEV = kCV / kEB;             // elements per V piece
   static constexpr int kKSteps = kDim / 16;
   static constexpr int kMTiles = kDim / 16;
   static constexpr int kStageBytes = 32 * kRow;  // per warp: 16 tokens of K and V
@@ -94,7 +94,9 @@ struct GqaConfig {
 // Swizzle of 16-byte chunk c in row `row` of a row-major tile: flips the low three bits so
 // that both the K reads (rows 2m, 2m+1; chunks qd + 4i) and the V reads (rows 2qd + const;
 // chunks r + 8i) of a quarter warp land on eight distinct 16-byte bank groups.
-__device__ __forceinline__ int Swizzle(int row, int c) { return c ^ ((row & 6) ^ ((row & 1) << 2)); }
+__device__ __forceinline__ int Swizzle(int row, int c) {
+  return c ^ ((row & 6) ^ ((row & 1) << 2));
+}
 
 // Largest warps per block whose pipelines (at least 2 stages each) fit the budget.
 template <typename KV, int kDim>
@@ -260,9 +262,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int i = 0; i < C::kNKC; ++i) {
           const int krow = 8 * n + r;
-          const uint4 x = detail::LdShared16(
-              C::kRowMajor ? st + krow * C::kRow + Swizzle(krow, qd + 4 * i) * 16
-                           : st + ((n * C::kNKC + i) * 32 + lane) * 16);
+          const uint4 x =
+              detail::LdShared16(C::kRowMajor ? st + krow * C::kRow + Swizzle(krow, qd + 4 * i) * 16
+                                              : st + ((n * C::kNKC + i) * 32 + lane) * 16);
           if constexpr (kFp8) {
             uint32_t pr[8];
             detail::Fp8x4ToHalf2x2(x.x, pr[0], pr[1]);
@@ -332,9 +334,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int rr = 0; rr < 4; ++rr) {
           const int vrow = 2 * qd + (rr & 1) + (rr >> 1) * 8;
           const uint32_t addr =
-              C::kRowMajor
-                  ? st + C::kKBytes + vrow * C::kRow + Swizzle(vrow, r + 8 * i) * 16
-                  : st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
+              C::kRowMajor ? st + C::kKBytes + vrow * C::kRow + Swizzle(vrow, r + 8 * i) * 16
+                           : st + C::kKBytes + ((rr * C::kNVC + i) * 32 + lane) * C::kCV;
           if constexpr (kFp8) {
             if constexpr (C::kCV == 16) {
               const uint4 v = detail::LdShared16(addr);
@@ -379,9 +380,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int g = 2 * qd + col;
       if (g >= grows) continue;
       const float inv = col ? inv1 : inv0;
-      const size_t out_row = direct ? size_t{1} * b * p.num_qo_heads + head0 + g
-                                    : (size_t{1} * b * p.max_splits + split) * p.num_qo_heads +
-                                          head0 + g;
+      const size_t out_row =
+          direct ? size_t{1} * b * p.num_qo_heads + head0 + g
+                 : (size_t{1} * b * p.max_splits + split) * p.num_qo_heads + head0 + g;
 #pragma unroll
       for (int mu = 0; mu < C::kMTiles; ++mu) {
         // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
@@ -472,9 +473,9 @@ struct GqaLauncher {
   }
 };
 
-// Warps per block: one per (kv head, query group) pair, four by default: two such blocks
-// share an SM, so one block's pipeline start at a new work item overlaps the other's streaming
-// (measured faster than eight heads per block, which is kept as a benchmark variant).
+// Warps per block: one per (kv head, query group) pair, four by default. With d128 bf16 that is
+// still one block per SM, but each warp's ring is 4 stages deep instead of 3; measured as fast
+// as eight heads per block or faster (kept as a benchmark variant, see docs/benchmarks.md).
 template <typename KV, bool kQBf16, int kDim>
 cudaError_t DispatchWarps(GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                           cudaStream_t stream, size_t* need) {

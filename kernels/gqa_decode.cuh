@@ -32,8 +32,7 @@ cudaError_t GqaDecode(const void* q, DType q_type,  // [batch, num_qo_heads, hea
                       const void* kv_cache, DType kv_type, const PagedKvLayout& layout,
                       const int32_t* block_tables,  // [batch, max_blocks_per_seq]
                       const int32_t* seq_lens,      // [batch]
-                      int max_seq_len, const GqaDecodeShape& shape,
-                      const AttentionScales& scales,
+                      int max_seq_len, const GqaDecodeShape& shape, const AttentionScales& scales,
                       void* o,     // [batch, num_qo_heads, head_dim]
                       float* lse,  // [batch, num_qo_heads] or null
                       void* workspace, size_t workspace_bytes, cudaStream_t stream);

@@ -33,8 +33,8 @@ using detail::Fp16Tag;
 using detail::Fp8Tag;
 using detail::KvTraits;
 
-constexpr int kTile = 32;        // tokens per pipeline stage
-constexpr int kGroupWarps = 8;   // warps per group of 16 heads
+constexpr int kTile = 32;                          // tokens per pipeline stage
+constexpr int kGroupWarps = 8;                     // warps per group of 16 heads
 constexpr int kKStepsPerWarp = kMlaKDim / 16 / 4;  // 9: key dims split four ways
 constexpr int kVSlice = kMlaVDim / kGroupWarps;    // 64 value dims per warp
 constexpr unsigned kFull = 0xffffffffu;
@@ -93,7 +93,7 @@ __device__ __forceinline__ uint32_t Ld32(const uint16_t* p) {
 }
 
 template <typename KV, bool kQBf16, int kMT, bool kDeep>
-__global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
+__global__ void __launch_bounds__(kMT* kGroupWarps * 32, 2 / kMT)
     MlaDecodeKernel(const __grid_constant__ MlaParams p) {
   using C = MlaConfig<KV, kMT, kDeep>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
   const int th = w / 4;  // token half in S = Q K^T
   const int r = lane / 4;
   const int qd = lane % 4;
-  const int fh = lane / 2;        // finishing role: head fh, tokens 4w + 2 (lane % 2) + {0, 1}
+  const int fh = lane / 2;  // finishing role: head fh, tokens 4w + 2 (lane % 2) + {0, 1}
   const int ft = 4 * w + 2 * (lane % 2);
   const int bar_id = 1 + mt;
   const uint32_t smem_base = detail::SmemAddr(smem);
@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
     // Query fragments for this warp's 9 k-steps; rows r and r + 8 are heads head_base + r, +8.
     uint32_t qa[kKStepsPerWarp][4];
     {
-      const uint16_t* q0 =
-          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_heads + head_base + r) * kMlaKDim;
+      const uint16_t* q0 = static_cast<const uint16_t*>(p.q) +
+                           (size_t{1} * b * p.num_heads + head_base + r) * kMlaKDim;
       const uint16_t* q8 = q0 + 8 * kMlaKDim;
 #pragma unroll
       for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
@@ -178,10 +178,9 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
       if (lane == 0) detail::MbarArriveExpectTx(bar, kTile * C::kRowBytes);
       __syncwarp();
       const int tok = min(start + k * kTile + lane, end - 1);
-      const uint8_t* src =
-          p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
-      detail::BulkCopyG2S(smem_base + stage * C::kStageBytes + lane * C::kPitch, src,
-                          C::kRowBytes, bar);
+      const uint8_t* src = p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
+      detail::BulkCopyG2S(smem_base + stage * C::kStageBytes + lane * C::kPitch, src, C::kRowBytes,
+                          bar);
     };
     int next_blk = 0;  // warp 0: block id of tile `issued`
     int issued = 0;
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
       while (issued < min(C::kStages, ntiles)) issue_next();
     }
 
-    float m_fin = -INFINITY;                  // running max of head fh (finishing role)
+    float m_fin = -INFINITY;                 // running max of head fh (finishing role)
     float m_pv[2] = {-INFINITY, -INFINITY};  // running max of heads r, r + 8 (P V role)
     float l_pv[2] = {0.0f, 0.0f};
     float acc[8][4];
@@ -251,8 +250,8 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            *reinterpret_cast<float2*>(my_part + (r + 8 * hf) * C::kSpartStride + 16 * th +
-                                       8 * j + 2 * qd) = make_float2(s[j][2 * hf], s[j][2 * hf + 1]);
+            *reinterpret_cast<float2*>(my_part + (r + 8 * hf) * C::kSpartStride + 16 * th + 8 * j +
+                                       2 * qd) = make_float2(s[j][2 * hf], s[j][2 * hf + 1]);
           }
         }
       }
@@ -372,8 +371,8 @@ __global__ void __launch_bounds__(kMT * kGroupWarps * 32, 2 / kMT)
     auto emit = [&](int hf, int d, float v0, float v1) {
       const int head = head_base + r + 8 * hf;
       if (direct) {
-        uint32_t* out = static_cast<uint32_t*>(p.o) +
-                        ((size_t{1} * b * p.num_heads + head) * kMlaVDim + d) / 2;
+        uint32_t* out =
+            static_cast<uint32_t*>(p.o) + ((size_t{1} * b * p.num_heads + head) * kMlaVDim + d) / 2;
         *out = detail::PackFloat2<kQBf16>(v0 * inv[hf], v1 * inv[hf]);
       } else {
         const size_t row = (size_t{1} * b * p.max_splits + split) * p.num_heads + head;

@@ -26,12 +26,11 @@ size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, DType q_type, DType 
 // kv_cache are 16-byte aligned, shape.block_stride (elements) keeps every block 16-byte
 // aligned. max_seq_len bounds seq_lens on the host. workspace: device memory of at least
 // MlaDecodeWorkspaceBytes(shape, max_seq_len) bytes, used by one call at a time.
-cudaError_t MlaDecode(const void* q, DType q_type,  // [batch, num_heads, 576]
+cudaError_t MlaDecode(const void* q, DType q_type,          // [batch, num_heads, 576]
                       const void* kv_cache, DType kv_type,  // [num_blocks, block_size, 576]
-                      const int32_t* block_tables,  // [batch, max_blocks_per_seq]
-                      const int32_t* seq_lens,      // [batch]
-                      int max_seq_len, const MlaDecodeShape& shape,
-                      const AttentionScales& scales,
+                      const int32_t* block_tables,          // [batch, max_blocks_per_seq]
+                      const int32_t* seq_lens,              // [batch]
+                      int max_seq_len, const MlaDecodeShape& shape, const AttentionScales& scales,
                       void* o,     // [batch, num_heads, 512]
                       float* lse,  // [batch, num_heads] or null
                       void* workspace, size_t workspace_bytes, cudaStream_t stream);

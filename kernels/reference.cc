@@ -61,9 +61,9 @@ void AttendOne(const float* q, int k_dim, int v_dim, int n, float score_scale, f
 }  // namespace
 
 void CpuGqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
-                  const PagedKvLayout& layout, const int32_t* block_tables,
-                  const int32_t* seq_lens, const GqaDecodeShape& shape,
-                  const AttentionScales& scales, float* o, float* lse) {
+                  const PagedKvLayout& layout, const int32_t* block_tables, const int32_t* seq_lens,
+                  const GqaDecodeShape& shape, const AttentionScales& scales, float* o,
+                  float* lse) {
   const int d = shape.head_dim;
   const int group = shape.num_qo_heads / shape.num_kv_heads;
   const int elt = DTypeBytes(kv_type);
@@ -77,7 +77,8 @@ void CpuGqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_ty
       for (int j = 0; j < d; ++j) qf[j] = LoadAsFloat(q, qi + j, q_type);
       auto row = [&](int t) {
         return int64_t{table[t / shape.block_size]} * layout.block_stride +
-               int64_t{t % shape.block_size} * layout.token_stride + int64_t{kvh} * layout.head_stride;
+               int64_t{t % shape.block_size} * layout.token_stride +
+               int64_t{kvh} * layout.head_stride;
       };
       auto key_at = [&](int t) -> const void* { return cache + row(t) * elt; };
       auto value_at = [&](int t) -> const void* {
@@ -90,9 +91,8 @@ void CpuGqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_ty
 }
 
 void CpuMlaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
-                  const int32_t* block_tables, const int32_t* seq_lens,
-                  const MlaDecodeShape& shape, const AttentionScales& scales, float* o,
-                  float* lse) {
+                  const int32_t* block_tables, const int32_t* seq_lens, const MlaDecodeShape& shape,
+                  const AttentionScales& scales, float* o, float* lse) {
   const int elt = DTypeBytes(kv_type);
   const auto* cache = static_cast<const uint8_t*>(kv_cache);
   std::vector<float> qf(kMlaKDim);

@@ -32,10 +32,10 @@ void CpuGqaDecode(const void* q, DType q_type,  // [batch, num_qo_heads, head_di
 
 // One decode step of MLA over a latent cache: every head attends with its 576-wide query to the
 // shared token rows (keys: all 576 values; values: the first 512).
-void CpuMlaDecode(const void* q, DType q_type,  // [batch, num_heads, 576]
+void CpuMlaDecode(const void* q, DType q_type,          // [batch, num_heads, 576]
                   const void* kv_cache, DType kv_type,  // [num_blocks, block_size, 576]
-                  const int32_t* block_tables,  // [batch, max_blocks_per_seq]
-                  const int32_t* seq_lens,      // [batch]
+                  const int32_t* block_tables,          // [batch, max_blocks_per_seq]
+                  const int32_t* seq_lens,              // [batch]
                   const MlaDecodeShape& shape, const AttentionScales& scales,
                   float* o,     // [batch, num_heads, 512]
                   float* lse);  // [batch, num_heads]

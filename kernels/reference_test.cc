@@ -20,7 +20,7 @@ namespace {
 TEST(DTypeTest, BF16RoundsToNearestEven) {
   EXPECT_EQ(FloatToBF16(1.0f), 0x3f80);
   EXPECT_EQ(FloatToBF16(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToBF16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // tie -> even
+  EXPECT_EQ(FloatToBF16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // tie -> even
   EXPECT_EQ(FloatToBF16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // tie -> even (up)
   EXPECT_EQ(FloatToBF16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -12)), 0x3f81);
   EXPECT_TRUE(std::isnan(BF16ToFloat(FloatToBF16(NAN))));
@@ -80,8 +80,8 @@ TEST(CpuCopyBlocksTest, GatherThenScatterRoundTrips) {
       off += 96;
     }
   }
-  segs.push_back({reinterpret_cast<uint64_t>(cache.data()) + layers * 2 * num_blocks * 96, 37, 64,
-                  off});
+  segs.push_back(
+      {reinterpret_cast<uint64_t>(cache.data()) + layers * 2 * num_blocks * 96, 37, 64, off});
   off += 37;
   const std::vector<int32_t> ids = {5, 0, 19, 7, 8};
   std::vector<std::vector<uint8_t>> objects(ids.size(), std::vector<uint8_t>(off));
@@ -99,14 +99,15 @@ TEST(CpuCopyBlocksTest, GatherThenScatterRoundTrips) {
   std::vector<uint8_t> scratch(cache.size(), 0);
   // Scatter into a zeroed copy, then the touched bytes equal the original.
   std::vector<KvSegment> segs2 = segs;
-  for (auto& s : segs2) s.base = s.base - reinterpret_cast<uint64_t>(cache.data()) +
-                                 reinterpret_cast<uint64_t>(scratch.data());
+  for (auto& s : segs2)
+    s.base = s.base - reinterpret_cast<uint64_t>(cache.data()) +
+             reinterpret_cast<uint64_t>(scratch.data());
   CpuCopyBlocks(segs2.data(), static_cast<int>(segs2.size()), ids.data(), ptrs.data(),
                 static_cast<int>(ids.size()), CopyDirection::kHostToDevice);
   for (size_t i = 0; i < ids.size(); ++i) {
     for (size_t k = 0; k < segs.size(); ++k) {
-      const uint64_t at = segs[k].base - reinterpret_cast<uint64_t>(cache.data()) +
-                          ids[i] * segs[k].block_stride;
+      const uint64_t at =
+          segs[k].base - reinterpret_cast<uint64_t>(cache.data()) + ids[i] * segs[k].block_stride;
       EXPECT_EQ(std::memcmp(scratch.data() + at, before.data() + at, segs[k].block_bytes), 0);
     }
   }
@@ -209,7 +210,8 @@ TEST_P(CpuGqaDecodeTest, MatchesNaiveOnEveryLayout) {
           const int64_t row = int64_t{table[b * max_blocks + t / bs]} * layout.block_stride +
                               (t % bs) * layout.token_stride + h * layout.head_stride;
           for (int j = 0; j < d; ++j) {
-            StoreFromFloat(cache.data(), row + j, p.kv_type, static_cast<float>(k[b][t * kvh + h][j]));
+            StoreFromFloat(cache.data(), row + j, p.kv_type,
+                           static_cast<float>(k[b][t * kvh + h][j]));
             StoreFromFloat(cache.data(), row + layout.v_offset + j, p.kv_type,
                            static_cast<float>(v[b][t * kvh + h][j]));
           }
@@ -242,7 +244,8 @@ TEST_P(CpuGqaDecodeTest, MatchesNaiveOnEveryLayout) {
                        &want_lse);
         const float* got = o.data() + (int64_t{b} * p.qo_heads + h) * d;
         for (int j = 0; j < d; ++j) {
-          ASSERT_NEAR(got[j], want[j], 1e-4 * (1.0 + std::fabs(want[j]))) << b << " " << h << " " << j;
+          ASSERT_NEAR(got[j], want[j], 1e-4 * (1.0 + std::fabs(want[j])))
+              << b << " " << h << " " << j;
         }
         const float got_lse = lse[b * p.qo_heads + h];
         if (lens[b] == 0) {
@@ -255,12 +258,11 @@ TEST_P(CpuGqaDecodeTest, MatchesNaiveOnEveryLayout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CpuGqaDecodeTest,
-    ::testing::Values(GqaParam{DType::kBF16, DType::kBF16, 32, 8, 64, 16},
-                      GqaParam{DType::kFP16, DType::kFP16, 8, 2, 128, 32},
-                      GqaParam{DType::kFP8E4M3, DType::kBF16, 16, 8, 64, 64},
-                      GqaParam{DType::kFP8E4M3, DType::kFP16, 4, 4, 256, 16}));
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuGqaDecodeTest,
+                         ::testing::Values(GqaParam{DType::kBF16, DType::kBF16, 32, 8, 64, 16},
+                                           GqaParam{DType::kFP16, DType::kFP16, 8, 2, 128, 32},
+                                           GqaParam{DType::kFP8E4M3, DType::kBF16, 16, 8, 64, 64},
+                                           GqaParam{DType::kFP8E4M3, DType::kFP16, 4, 4, 256, 16}));
 
 TEST(CpuMlaDecodeTest, MatchesNaive) {
   for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
@@ -315,8 +317,8 @@ TEST(CpuMlaDecodeTest, MatchesNaive) {
         for (const auto& r : rows[b]) values.emplace_back(r.begin(), r.begin() + kMlaVDim);
         std::vector<double> want;
         double want_lse;
-        NaiveAttention(qd, rows[b], values, kMlaVDim, scales.sm_scale * scales.k_scale, scales.v_scale,
-                       &want, &want_lse);
+        NaiveAttention(qd, rows[b], values, kMlaVDim, scales.sm_scale * scales.k_scale,
+                       scales.v_scale, &want, &want_lse);
         const float* got = o.data() + (int64_t{b} * heads + h) * kMlaVDim;
         for (int j = 0; j < kMlaVDim; ++j) {
           ASSERT_NEAR(got[j], want[j], 1e-4 * (1.0 + std::fabs(want[j])));

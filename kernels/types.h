@@ -70,8 +70,8 @@ struct PagedKvLayout {
     return {half, 2 * half, int64_t{kv_heads} * head_dim, head_dim};
   }
   static PagedKvLayout PackedLastDim(int block_size, int kv_heads, int head_dim) {
-    return {head_dim, int64_t{block_size} * kv_heads * 2 * head_dim, int64_t{kv_heads} * 2 * head_dim,
-            2 * int64_t{head_dim}};
+    return {head_dim, int64_t{block_size} * kv_heads * 2 * head_dim,
+            int64_t{kv_heads} * 2 * head_dim, 2 * int64_t{head_dim}};
   }
 };
 
@@ -80,8 +80,8 @@ struct GqaDecodeShape {
   int batch = 0;
   int num_qo_heads = 0;  // query head i reads kv head i / (num_qo_heads / num_kv_heads)
   int num_kv_heads = 0;
-  int head_dim = 0;      // 64, 128 or 256
-  int block_size = 0;    // tokens per cache block, a multiple of 16
+  int head_dim = 0;            // 64, 128 or 256
+  int block_size = 0;          // tokens per cache block, a multiple of 16
   int max_blocks_per_seq = 0;  // row length of the block table
 };
 

@@ -80,14 +80,14 @@ std::string CudaFailure(const char* what, cudaError_t e) {
   return s.str();
 }
 
-#define CHECK_CUDA(result, expr)                         \
-  do {                                                   \
-    const cudaError_t e_ = (expr);                       \
-    if (e_ != cudaSuccess) {                             \
-      (result).ok = false;                               \
-      (result).detail = CudaFailure(#expr, e_);          \
-      return result;                                     \
-    }                                                    \
+#define CHECK_CUDA(result, expr)                \
+  do {                                          \
+    const cudaError_t e_ = (expr);              \
+    if (e_ != cudaSuccess) {                    \
+      (result).ok = false;                      \
+      (result).detail = CudaFailure(#expr, e_); \
+      return result;                            \
+    }                                           \
   } while (0)
 
 void FillRandomBytes(uint8_t* p, size_t n, std::mt19937_64& rng) {
@@ -259,7 +259,8 @@ CheckResult RunCopyCase(const CopyCase& c, CopyDirection dir, CopyMethod method,
   FillRandomBytes(cache_mirror.data(), cache_mirror.size(), rng);
   FillRandomBytes(pool, pool_bytes, rng);
   std::memcpy(expect_pool.data(), pool, pool_bytes);
-  CHECK_CUDA(res, cudaMemcpy(cache.ptr, cache_mirror.data(), c.cache_bytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(res,
+             cudaMemcpy(cache.ptr, cache_mirror.data(), c.cache_bytes, cudaMemcpyHostToDevice));
 
   std::vector<KvSegment> dev_segs = c.segments, host_segs = c.segments;
   for (size_t s = 0; s < c.segments.size(); ++s) {
@@ -272,9 +273,9 @@ CheckResult RunCopyCase(const CopyCase& c, CopyDirection dir, CopyMethod method,
   CHECK_CUDA(res, cudaMemset(staging_buf.ptr, 0x5a, staging_bytes));
   cudaStream_t stream;
   CHECK_CUDA(res, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const cudaError_t e =
-      CopyBlocks(dev_segs.data(), static_cast<int>(dev_segs.size()), c.block_ids.data(),
-                 objects.data(), n, dir, method, CopyStaging{staging_buf.ptr, staging_bytes}, stream);
+  const cudaError_t e = CopyBlocks(dev_segs.data(), static_cast<int>(dev_segs.size()),
+                                   c.block_ids.data(), objects.data(), n, dir, method,
+                                   CopyStaging{staging_buf.ptr, staging_bytes}, stream);
   const cudaError_t e2 = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   CHECK_CUDA(res, e);
@@ -323,8 +324,8 @@ CopyCase FlashAttentionCase(int layers, int num_blocks, uint64_t block_bytes, in
   for (int l = 0; l < layers; ++l) {
     const uint64_t layer_base = uint64_t{1} * l * 2 * num_blocks * block_bytes;
     for (int kv = 0; kv < 2; ++kv) {
-      c.segments.push_back({layer_base + kv * num_blocks * block_bytes, block_bytes, block_bytes,
-                            host_off});
+      c.segments.push_back(
+          {layer_base + kv * num_blocks * block_bytes, block_bytes, block_bytes, host_off});
       host_off += block_bytes;
     }
   }
@@ -385,8 +386,8 @@ std::vector<CheckResult> CheckBlockCopy(uint64_t seed) {
   std::vector<CheckResult> out;
   for (const CopyCase& c : cases) {
     for (CopyDirection dir : {CopyDirection::kDeviceToHost, CopyDirection::kHostToDevice}) {
-      for (CopyMethod m : {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged,
-                           CopyMethod::kAuto}) {
+      for (CopyMethod m :
+           {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged, CopyMethod::kAuto}) {
         if (c.name == "many-launches" && m == CopyMethod::kAuto) continue;
         out.push_back(RunCopyCase(c, dir, m, rng));
       }
@@ -479,8 +480,8 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   AttentionScales scales{2.0f / std::sqrt(static_cast<float>(d)), fp8 ? 0.5f : 1.0f,
                          fp8 ? 0.25f : 1.0f};
   std::vector<float> o_ref(q_elems), lse_ref(size_t{1} * batch * c.qo_heads);
-  CpuGqaDecode(q.data(), c.q_type, cache.data(), c.kv_type, layout, bt.table.data(),
-               c.lens.data(), shape, scales, o_ref.data(), lse_ref.data());
+  CpuGqaDecode(q.data(), c.q_type, cache.data(), c.kv_type, layout, bt.table.data(), c.lens.data(),
+               shape, scales, o_ref.data(), lse_ref.data());
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
   DeviceBuffer d_cache, d_q, d_o, d_lse, d_table, d_lens, d_ws;
@@ -498,8 +499,8 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   CHECK_CUDA(res, d_ws.Alloc(ws_bytes));
   CHECK_CUDA(res, cudaMemcpy(d_cache.ptr, cache.data(), cache.size(), cudaMemcpyHostToDevice));
   CHECK_CUDA(res, cudaMemcpy(d_q.ptr, q.data(), q.size(), cudaMemcpyHostToDevice));
-  CHECK_CUDA(res, cudaMemcpy(d_table.ptr, bt.table.data(), bt.table.size() * 4,
-                             cudaMemcpyHostToDevice));
+  CHECK_CUDA(res,
+             cudaMemcpy(d_table.ptr, bt.table.data(), bt.table.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(res, cudaMemcpy(d_lens.ptr, c.lens.data(), c.lens.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, q.size()));  // NaN: every output must be written
   CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
@@ -516,10 +517,10 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     KernelTuning tuning;
     tuning.gqa_warps = c.warps;
     SetKernelTuning(tuning);
-    const cudaError_t launch = GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout,
-                                         d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len,
-                                         shape, scales, d_o.ptr, d_lse.as<float>(), d_ws.ptr,
-                                         run == 2 ? small_ws : ws_bytes, nullptr);
+    const cudaError_t launch =
+        GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout, d_table.as<int32_t>(),
+                  d_lens.as<int32_t>(), max_len, shape, scales, d_o.ptr, d_lse.as<float>(),
+                  d_ws.ptr, run == 2 ? small_ws : ws_bytes, nullptr);
     SetKernelTuning(KernelTuning{});
     CHECK_CUDA(res, launch);
     CHECK_CUDA(res, cudaDeviceSynchronize());
@@ -559,30 +560,27 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
         const int* hh = heads[n % 5];
         const int bs = block_sizes[(n / 5 + li) % 3];
         ++n;
-        std::vector<int> lens = {1, bs, bs + 1, 3 * bs - 5, 77, 0, 200 + static_cast<int>(rng() % 100)};
+        std::vector<int> lens = {
+            1, bs, bs + 1, 3 * bs - 5, 77, 0, 200 + static_cast<int>(rng() % 100)};
         if (d == 256) lens.resize(4);
-        out.push_back(RunGqaCase({hh[0], hh[1], d, bs, kv_types[ti], q_types[ti], layouts[li], lens},
-                                 rng));
+        out.push_back(
+            RunGqaCase({hh[0], hh[1], d, bs, kv_types[ti], q_types[ti], layouts[li], lens}, rng));
       }
     }
   }
   // Long sequences: split across blocks and merged.
-  out.push_back(RunGqaCase({64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst,
-                            {4099, 1, 2500, 700}},
-                           rng));
+  out.push_back(RunGqaCase(
+      {64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst, {4099, 1, 2500, 700}}, rng));
   // The eight-heads-per-block variant.
-  out.push_back(RunGqaCase({64, 8, 128, 32, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst,
-                            {1, 2500, 77, 0}, 8},
-                           rng));
-  out.push_back(RunGqaCase({32, 8, 64, 16, DType::kBF16, DType::kBF16, Layout::kPacked,
-                            {300, 16, 1}, 8},
-                           rng));
-  out.push_back(RunGqaCase({32, 8, 128, 64, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst,
-                            {3000, 5000}},
-                           rng));
-  out.push_back(RunGqaCase({64, 4, 64, 32, DType::kFP16, DType::kFP16, Layout::kPacked,
-                            {1500, 17, 2048}},
-                           rng));
+  out.push_back(RunGqaCase(
+      {64, 8, 128, 32, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst, {1, 2500, 77, 0}, 8},
+      rng));
+  out.push_back(RunGqaCase(
+      {32, 8, 64, 16, DType::kBF16, DType::kBF16, Layout::kPacked, {300, 16, 1}, 8}, rng));
+  out.push_back(RunGqaCase(
+      {32, 8, 128, 64, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst, {3000, 5000}}, rng));
+  out.push_back(RunGqaCase(
+      {64, 4, 64, 32, DType::kFP16, DType::kFP16, Layout::kPacked, {1500, 17, 2048}}, rng));
   return out;
 }
 
@@ -651,25 +649,24 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
   CHECK_CUDA(res, d_ws.Alloc(ws_bytes));
   CHECK_CUDA(res, cudaMemcpy(d_cache.ptr, cache.data(), cache.size(), cudaMemcpyHostToDevice));
   CHECK_CUDA(res, cudaMemcpy(d_q.ptr, q.data(), q.size(), cudaMemcpyHostToDevice));
-  CHECK_CUDA(res, cudaMemcpy(d_table.ptr, bt.table.data(), bt.table.size() * 4,
-                             cudaMemcpyHostToDevice));
+  CHECK_CUDA(res,
+             cudaMemcpy(d_table.ptr, bt.table.data(), bt.table.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(res, cudaMemcpy(d_lens.ptr, c.lens.data(), c.lens.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, o_elems * 2));
   CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
   std::vector<uint8_t> o(o_elems * 2);
   std::vector<float> lse(lse_ref.size());
   double worst = 0.0;
-  const size_t small_ws =
-      std::min(ws_bytes, 256 + size_t{8} * batch * c.heads * (kMlaVDim + 1));
+  const size_t small_ws = std::min(ws_bytes, 256 + size_t{8} * batch * c.heads * (kMlaVDim + 1));
   // Run 1 reuses the workspace (its work counter must have been reset); run 2 gets room for two
   // splits only, so long sequences take larger chunks.
   for (int run = 0; run < 3; ++run) {
     CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, o_elems * 2));
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
-    const cudaError_t launch = MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type,
-                                         d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len,
-                                         shape, scales, d_o.ptr, d_lse.as<float>(), d_ws.ptr,
-                                         run == 2 ? small_ws : ws_bytes, nullptr);
+    const cudaError_t launch =
+        MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, d_table.as<int32_t>(),
+                  d_lens.as<int32_t>(), max_len, shape, scales, d_o.ptr, d_lse.as<float>(),
+                  d_ws.ptr, run == 2 ? small_ws : ws_bytes, nullptr);
     CHECK_CUDA(res, launch);
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
@@ -703,8 +700,8 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
       const int bs = (ti + hi) % 3 == 0 ? 64 : ((ti + hi) % 3 == 1 ? 32 : 16);
       std::vector<int> lens = {1, 64, 65, 190, 0, 97 + static_cast<int>(rng() % 64)};
       if (heads[hi] >= 64) lens.resize(3);
-      out.push_back(RunMlaCase({heads[hi], bs, kv_types[ti], q_types[ti], lens, hi == 1 ? 64 : 0},
-                               rng));
+      out.push_back(
+          RunMlaCase({heads[hi], bs, kv_types[ti], q_types[ti], lens, hi == 1 ? 64 : 0}, rng));
     }
   }
   out.push_back(RunMlaCase({16, 64, DType::kBF16, DType::kBF16, {3000, 1, 1700}}, rng));
