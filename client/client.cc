@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/master_client.h"
+#include "client/routing_transport.h"
 #include "client/tcp_transport.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/latency_histogram.h"
 #include "common/metric_families.h"
 #include "kvpool/client_metrics.h"
@@ -51,9 +53,16 @@ struct Client::Impl {
   explicit Impl(const ClientOptions& o)
       : options(o),
         local_host(o.local_host.empty() ? LocalHostName() : o.local_host),
+        machine_id(MachineId()),
         master(o.master_address, o.rpc_timeout),
-        transport(std::make_unique<client::TcpTransport>(client::TcpTransportOptions{
-            .connections_per_endpoint = o.connections_per_segment})) {}
+        transport(std::make_unique<client::RoutingTransport>(
+            o.transport,
+            [this](const std::string& endpoint) { return ShmSocketOf(endpoint); },
+            client::TcpTransportOptions{.connections_per_endpoint = o.connections_per_segment})) {}
+
+  // The shared-memory socket of a segment, from the master's segment list (cached; asked
+  // again at most once a second for an endpoint it does not know).
+  std::optional<std::string> ShmSocketOf(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(shm_mu);
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
@@ -78,12 +87,19 @@ struct Client::Impl {
                                                      const GetOptions& options);
 
   // Replica indices of `result`, those on this host first.
-  std::vector<int> ReplicaOrder(const v1::GetResult& result) const;
+  std::vector<int> ReplicaOrder(const v1::GetResult& result);
 
   const ClientOptions options;
   const std::string local_host;
+  const std::string machine_id;
   client::MasterClient master;
-  std::unique_ptr<client::Transport> transport;
+  std::unique_ptr<client::RoutingTransport> transport;
+
+  // Segments on this machine: endpoint -> shared-memory socket ("" if it offers none).
+  absl::Mutex shm_mu;
+  absl::flat_hash_map<std::string, std::string> local_segments ABSL_GUARDED_BY(shm_mu);
+  absl::flat_hash_set<std::string> remote_segments ABSL_GUARDED_BY(shm_mu);
+  absl::Time segments_fetched ABSL_GUARDED_BY(shm_mu) = absl::InfinitePast();
 
   // Metrics (ClientMetrics, MetricsText): whole calls, and the bytes of the keys that made it.
   LatencyHistogram put_latency;
@@ -91,6 +107,30 @@ struct Client::Impl {
   std::atomic<uint64_t> bytes_put{0};
   std::atomic<uint64_t> bytes_got{0};
 };
+
+std::optional<std::string> Client::Impl::ShmSocketOf(const std::string& endpoint) {
+  absl::MutexLock lock(&shm_mu);
+  bool known = local_segments.contains(endpoint) || remote_segments.contains(endpoint);
+  if (!known && absl::Now() - segments_fetched > absl::Seconds(1)) {
+    segments_fetched = absl::Now();
+    if (absl::StatusOr<v1::GetClusterStatusResponse> status =
+            master.GetClusterStatus(v1::GetClusterStatusRequest());
+        status.ok()) {
+      local_segments.clear();
+      remote_segments.clear();
+      for (const v1::SegmentStatus& segment : status->segments()) {
+        if (segment.machine_id() == machine_id) {
+          local_segments[segment.endpoint()] = segment.shm_socket();
+        } else {
+          remote_segments.insert(segment.endpoint());
+        }
+      }
+    }
+  }
+  auto it = local_segments.find(endpoint);
+  if (it == local_segments.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
 
 std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
   const Client::Impl& impl = *client_.impl_;
@@ -103,16 +143,25 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
                    static_cast<double>(impl.bytes_put.load()), {{"op", "put"}});
   families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
                    static_cast<double>(impl.bytes_got.load()), {{"op", "get"}});
+  client::RoutingTransport::Stats transport = impl.transport->stats();
+  families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
+                   static_cast<double>(transport.shm_ops), {{"transport", "shm"}});
+  families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
+                   static_cast<double>(transport.tcp_ops), {{"transport", "tcp"}});
   return families.Take();
 }
 
 std::string Client::MetricsText() const { return SerializeMetrics(ClientMetrics(*this).Collect()); }
 
-std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) const {
+std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) {
   std::vector<int> order(result.replicas_size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_partition(order.begin(), order.end(),
-                        [&](int i) { return result.replicas(i).host() == local_host; });
+  if (order.size() > 1) {
+    std::stable_partition(order.begin(), order.end(), [&](int i) {
+      const v1::Placement& replica = result.replicas(i);
+      return replica.host() == local_host || ShmSocketOf(replica.endpoint()).has_value();
+    });
+  }
   return order;
 }
 
@@ -140,6 +189,8 @@ void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
       }
       ops.push_back(TransferOp{.opcode = wire::Opcode::kRead,
                                .endpoint = replica.endpoint(),
+                               .host = replica.host(),
+                               .incarnation = replica.incarnation(),
                                .offset = replica.offset(),
                                .length = replica.length(),
                                .token = *token,
@@ -274,7 +325,10 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
                 : options.pin == PinMode::kSoft ? v1::PIN_SOFT
                                                 : v1::PIN_NONE);
-  if (options.prefer_local_segment) start.set_preferred_host(local_host);
+  if (options.prefer_local_segment) {
+    start.set_preferred_host(local_host);
+    start.set_preferred_machine_id(machine_id);
+  }
   for (const PutItem& item : items) {
     start.add_keys(item.key);
     start.add_sizes(std::accumulate(item.parts.begin(), item.parts.end(), uint64_t{0},
@@ -313,6 +367,8 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
       }
       ops.push_back(TransferOp{.opcode = wire::Opcode::kWrite,
                                .endpoint = placement.endpoint(),
+                               .host = placement.host(),
+                               .incarnation = placement.incarnation(),
                                .offset = placement.offset(),
                                .length = placement.length(),
                                .token = *token,

@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   info.host = (*segment)->host();
   info.endpoint = (*segment)->endpoint();
   info.shm_socket = (*segment)->shm_socket();
+  info.machine_id = kvpool::MachineId();
   info.size = size;
   info.incarnation = (*segment)->incarnation();
   info.token_secret = (*segment)->token_secret();

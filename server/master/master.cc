@@ -208,8 +208,10 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       if (!segment->accepts_writes()) continue;
       const RangeAllocator& allocator = segment->allocator();
       largest = std::max(largest, allocator.capacity());
-      bool preferred = !options.preferred_host.empty() &&
-                       segment->info().host == options.preferred_host;
+      const SegmentInfo& info = segment->info();
+      bool preferred =
+          (!options.preferred_host.empty() && info.host == options.preferred_host) ||
+          (!options.preferred_machine_id.empty() && info.machine_id == options.preferred_machine_id);
       candidates.push_back({std::move(segment), preferred, allocator.capacity() - allocator.used()});
     }
   };
@@ -470,6 +472,7 @@ ClusterSummary Master::GetClusterSummary() const {
     s.host = segment->info().host;
     s.endpoint = segment->info().endpoint;
     s.shm_socket = segment->info().shm_socket;
+    s.machine_id = segment->info().machine_id;
     s.capacity_bytes = segment->allocator().capacity();
     s.used_bytes = segment->allocator().used();
     s.replicas = segment->replica_count();

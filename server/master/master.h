@@ -64,8 +64,10 @@ struct PlacementView {
 struct PutStartOptions {
   uint32_t replica_num = 1;
   PinMode pin = PinMode::kNone;
-  // Segments on this host are tried first (the writer's own host, when it asks).
+  // Segments on this host, or on this machine, are tried first (the writer's own, when it
+  // asks).
   std::string preferred_host;
+  std::string preferred_machine_id;
 };
 
 struct PutStartResult {
@@ -104,6 +106,7 @@ struct SegmentSummary {
   std::string host;
   std::string endpoint;
   std::string shm_socket;
+  std::string machine_id;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
   uint64_t replicas = 0;

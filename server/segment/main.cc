@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, shm_socket, "auto",
           "Unix socket through which clients on this host map the pool and copy with memcpy: a "
           "path, auto (/tmp/kvpool-segment-PORT.sock), or none");
 ABSL_FLAG(std::string, shm_uids, "",
-          "Who may map the pool: empty (this segment's uid and root), any, or uids like 1000,1001");
+          "Who may map the pool: empty (this segment's uid and root), any, or exactly the uids "
+          "listed, like 1000,1001");
 ABSL_FLAG(bool, enable_test_hooks, false,
           "Serve /debug/corrupt?offset=N on the HTTP port (flips a pool byte; tests only)");
 ABSL_FLAG(bool, require_token, true,

@@ -101,8 +101,9 @@ void ShmAdmission::Stop() {
 }
 
 bool ShmAdmission::Admits(uid_t uid) const {
-  return options_.any_uid || uid == 0 || uid == getuid() ||
-         std::find(options_.uids.begin(), options_.uids.end(), uid) != options_.uids.end();
+  if (options_.any_uid) return true;
+  if (options_.uids.empty()) return uid == 0 || uid == getuid();
+  return std::find(options_.uids.begin(), options_.uids.end(), uid) != options_.uids.end();
 }
 
 void ShmAdmission::Loop() {

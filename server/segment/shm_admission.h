@@ -25,14 +25,15 @@ namespace kvpool::segment {
 struct ShmAdmissionOptions {
   // Path of the Unix socket (a stale file there is replaced).
   std::string socket_path;
-  // Admitted uids besides the segment's own and root; `any_uid` admits everyone.
+  // Admitted uids; empty: the segment's own uid and root. `any_uid` admits everyone.
   std::vector<uid_t> uids;
   bool any_uid = false;
   // The segment's incarnation, told to admitted clients.
   uint64_t incarnation = 0;
 };
 
-// Parses an admission list: "" (the segment's own uid and root), "any", or "1000,1001".
+// Parses an admission list: "" (the segment's own uid and root), "any", or "1000,1001"
+// (exactly those uids).
 absl::Status ParseAdmittedUids(absl::string_view text, ShmAdmissionOptions* options);
 
 class ShmAdmission {

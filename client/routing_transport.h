@@ -1,0 +1,54 @@
+#pragma once
+
+// Picks the transport of every op: shared memory for segments on this host that admit the
+// client, TCP for everything else (and whenever shared memory fails or is refused). The two
+// run at the same time within one batch. Thread-safe.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "client/shm_transport.h"
+#include "client/tcp_transport.h"
+#include "client/transport.h"
+#include "kvpool/client.h"
+
+namespace kvpool::client {
+
+class RoutingTransport final : public Transport {
+ public:
+  // Answers the shared-memory socket of a segment endpoint if the segment runs on this
+  // machine and offers one.
+  using ShmResolver = std::function<std::optional<std::string>(const std::string& endpoint)>;
+
+  RoutingTransport(TransportKind kind, ShmResolver resolver, TcpTransportOptions tcp_options);
+
+  void Execute(absl::Span<TransferOp> ops, absl::Time deadline) override;
+
+  struct Stats {
+    uint64_t shm_ops = 0;
+    uint64_t tcp_ops = 0;
+  };
+  Stats stats() const;
+
+ private:
+  // The mapped pool for this op, attaching on first use; null if shared memory is not to be
+  // used for it (another host, off, refused, failed recently).
+  std::shared_ptr<const ShmTransport::Pool> PoolFor(const TransferOp& op) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const TransportKind kind_;
+  const ShmResolver resolver_;
+  TcpTransport tcp_;
+  ShmTransport shm_;
+  absl::Mutex mu_;
+  // Endpoints where attaching failed, and when to try again.
+  absl::flat_hash_map<std::string, absl::Time> retry_after_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> shm_ops_{0};
+  std::atomic<uint64_t> tcp_ops_{0};
+};
+
+}  // namespace kvpool::client
