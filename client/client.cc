@@ -58,7 +58,8 @@ struct Client::Impl {
         transport(std::make_unique<client::RoutingTransport>(
             o.transport,
             [this](const std::string& endpoint) { return ShmSocketOf(endpoint); },
-            client::TcpTransportOptions{.connections_per_endpoint = o.connections_per_segment})) {}
+            client::TcpTransportOptions{.connections_per_endpoint = o.connections_per_segment},
+            o.rdma_device)) {}
 
   // The shared-memory socket of a segment, from the master's segment list (cached; asked
   // again at most once a second for an endpoint it does not know).
@@ -146,6 +147,8 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
   client::RoutingTransport::Stats transport = impl.transport->stats();
   families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
                    static_cast<double>(transport.shm_ops), {{"transport", "shm"}});
+  families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
+                   static_cast<double>(transport.rdma_ops), {{"transport", "rdma"}});
   families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
                    static_cast<double>(transport.tcp_ops), {{"transport", "tcp"}});
   return families.Take();
@@ -578,6 +581,10 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
     });
   }
   return status;
+}
+
+absl::Status Client::RegisterMemory(void* addr, size_t length) {
+  return impl_->transport->RegisterMemory(addr, length);
 }
 
 absl::Status Client::DrainSegment(absl::string_view name) {

@@ -1,8 +1,9 @@
 #pragma once
 
-// Picks the transport of every op: shared memory for segments on this host that admit the
-// client, TCP for everything else (and whenever shared memory fails or is refused). The two
-// run at the same time within one batch. Thread-safe.
+// Picks the transport of every op: shared memory for segments on this machine that admit
+// the client, RDMA where this machine has a device and the segment serves it, TCP for the
+// rest and for every op the others could not run. TCP runs at the same time as the others
+// within one batch. Thread-safe.
 
 #include <functional>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "client/rdma_transport.h"
 #include "client/shm_transport.h"
 #include "client/tcp_transport.h"
 #include "client/transport.h"
@@ -25,12 +27,17 @@ class RoutingTransport final : public Transport {
   // machine and offers one.
   using ShmResolver = std::function<std::optional<std::string>(const std::string& endpoint)>;
 
-  RoutingTransport(TransportKind kind, ShmResolver resolver, TcpTransportOptions tcp_options);
+  RoutingTransport(TransportKind kind, ShmResolver resolver, TcpTransportOptions tcp_options,
+                   std::string rdma_device);
+
+  // Registers caller memory for RDMA (Unavailable without a device; harmless to ignore).
+  absl::Status RegisterMemory(void* addr, size_t length) { return rdma_.Register(addr, length); }
 
   void Execute(absl::Span<TransferOp> ops, absl::Time deadline) override;
 
   struct Stats {
     uint64_t shm_ops = 0;
+    uint64_t rdma_ops = 0;
     uint64_t tcp_ops = 0;
   };
   Stats stats() const;
@@ -44,10 +51,12 @@ class RoutingTransport final : public Transport {
   const ShmResolver resolver_;
   TcpTransport tcp_;
   ShmTransport shm_;
+  RdmaTransport rdma_;
   absl::Mutex mu_;
   // Endpoints where attaching failed, and when to try again.
   absl::flat_hash_map<std::string, absl::Time> retry_after_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> shm_ops_{0};
+  std::atomic<uint64_t> rdma_ops_{0};
   std::atomic<uint64_t> tcp_ops_{0};
 };
 

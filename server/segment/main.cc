@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, shm_socket, "auto",
 ABSL_FLAG(std::string, shm_uids, "",
           "Who may map the pool: empty (this segment's uid and root), any, or exactly the uids "
           "listed, like 1000,1001");
+ABSL_FLAG(std::string, rdma_device, "",
+          "RDMA device to serve one-sided READ/WRITE from: a name, empty for the first one, or "
+          "none. Without a device the segment serves TCP and shared memory only");
 ABSL_FLAG(bool, enable_test_hooks, false,
           "Serve /debug/corrupt?offset=N on the HTTP port (flips a pool byte; tests only)");
 ABSL_FLAG(bool, require_token, true,
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
   options.data = {.threads = absl::GetFlag(FLAGS_threads),
                   .require_token = absl::GetFlag(FLAGS_require_token)};
   options.master_address = absl::GetFlag(FLAGS_master);
+  options.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   std::string shm_socket = absl::GetFlag(FLAGS_shm_socket);
   options.shm_socket = shm_socket == "none" ? "" : shm_socket;
   if (absl::Status uids = kvpool::segment::ParseAdmittedUids(absl::GetFlag(FLAGS_shm_uids),

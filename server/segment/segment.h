@@ -35,6 +35,9 @@ struct SegmentOptions {
   // after the data port), or empty for no shared memory; and who may (see ShmAdmission).
   std::string shm_socket;
   ShmAdmissionOptions shm_admission;
+  // RDMA device to serve one-sided READ/WRITE of the pool from: a name, empty for the first
+  // one, "none" for no RDMA. Without a device the segment serves TCP and shared memory only.
+  std::string rdma_device = "none";
   // gRPC address of the master to mount on; empty for a segment embedded in the master,
   // which the master mounts itself (no link, no manifest).
   std::string master_address;
@@ -74,9 +77,13 @@ class Segment {
   // Empty when shared memory is off.
   std::string shm_socket() const { return shm_ ? shm_->socket_path() : ""; }
   const ShmAdmission* shm() const { return shm_.get(); }
+  // Null when RDMA is off.
+  const rdma::Device* rdma() const { return rdma_.get(); }
 
  private:
   Segment() = default;
+  // Registers the pool with an RDMA device and lets `data` accept queue pairs.
+  absl::Status StartRdma(const std::string& device_name, DataServerOptions& data);
 
   std::string name_;
   std::string host_;
@@ -84,6 +91,8 @@ class Segment {
   std::string secret_;
   uint64_t incarnation_ = 0;
   std::unique_ptr<MemoryPool> pool_;
+  std::shared_ptr<rdma::Device> rdma_;
+  std::shared_ptr<rdma::MemoryRegion> pool_region_;
   Manifest manifest_;
   std::unique_ptr<DataServer> server_;
   std::unique_ptr<ShmAdmission> shm_;

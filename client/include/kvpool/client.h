@@ -72,6 +72,8 @@ struct ClientOptions {
   // Parallel data connections per segment within one batch.
   int connections_per_segment = 2;
   TransportKind transport = TransportKind::kAuto;
+  // RDMA device for kAuto/kRdma: a name, or empty for the first one found.
+  std::string rdma_device;
   // Check every value read against its writer's checksum (see GetOptions).
   bool verify_checksums = false;
   // This machine's host name as segments advertise it: replicas on this host are read
@@ -180,6 +182,12 @@ class Client {
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
 
   absl::StatusOr<ClusterStatus> GetClusterStatus();
+
+  // Registers memory the caller will transfer from or into often (an engine's KV-cache
+  // staging buffers), so RDMA need not register it on first use. Unavailable when this
+  // machine has no RDMA device (nothing to do then: the other transports need no
+  // registration).
+  absl::Status RegisterMemory(void* addr, size_t length);
   // Stops new objects going to the segment; it is unmounted once nothing on it is leased or
   // being written. NotFound (SEGMENT_NOT_FOUND) for an unknown name.
   absl::Status DrainSegment(absl::string_view name);
