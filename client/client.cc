@@ -583,6 +583,150 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   return status;
 }
 
+std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const std::string> keys,
+                                                              absl::Time* lease_expiry) {
+  const size_t n = keys.size();
+  v1::BatchGetReplicaListRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  absl::Time asked = absl::Now();
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      impl_->master.BatchGetReplicaList(request);
+  if (located.ok() && located->results_size() != static_cast<int>(n)) {
+    located = CountMismatch(located->results_size(), n);
+  }
+  if (!located.ok()) return std::vector<absl::StatusOr<LocalValue>>(n, located.status());
+  std::vector<absl::StatusOr<LocalValue>> results;
+  results.reserve(n);
+  absl::Time expiry = absl::InfiniteFuture();
+  for (const v1::GetResult& result : located->results()) {
+    if (result.code() != v1::OK) {
+      results.push_back(FromErrorCode(result.code(), result.message()));
+      continue;
+    }
+    expiry = std::min(expiry, asked + absl::Milliseconds(result.lease_ttl_ms()));
+    absl::StatusOr<LocalValue> value =
+        absl::FailedPreconditionError("no replica on a segment this process can map");
+    for (const v1::Placement& replica : result.replicas()) {
+      std::shared_ptr<const client::ShmTransport::Pool> pool =
+          impl_->transport->LocalPool(replica.endpoint(), replica.incarnation());
+      if (pool == nullptr || replica.offset() + replica.length() > pool->size) continue;
+      value = LocalValue{pool->base + replica.offset(), replica.length()};
+      break;
+    }
+    results.push_back(std::move(value));
+  }
+  if (lease_expiry != nullptr) *lease_expiry = expiry;
+  return results;
+}
+
+std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
+    absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
+    const PutOptions& options) {
+  const size_t n = keys.size();
+  if (sizes.size() != n) {
+    return std::vector<absl::StatusOr<LocalReservation>>(
+        n, absl::InvalidArgumentError("keys and sizes differ in number"));
+  }
+  v1::BatchPutStartRequest start;
+  start.set_replica_num(1);
+  start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
+                : options.pin == PinMode::kSoft ? v1::PIN_SOFT
+                                                : v1::PIN_NONE);
+  start.set_preferred_host(impl_->local_host);
+  start.set_preferred_machine_id(impl_->machine_id);
+  for (size_t i = 0; i < n; ++i) {
+    start.add_keys(keys[i]);
+    start.add_sizes(sizes[i]);
+  }
+  absl::StatusOr<v1::BatchPutStartResponse> reserved = impl_->master.BatchPutStart(start);
+  if (reserved.ok() && reserved->results_size() != static_cast<int>(n)) {
+    reserved = CountMismatch(reserved->results_size(), n);
+  }
+  if (!reserved.ok()) return std::vector<absl::StatusOr<LocalReservation>>(n, reserved.status());
+  std::vector<absl::StatusOr<LocalReservation>> results;
+  v1::BatchPutRevokeRequest revoke;
+  for (size_t i = 0; i < n; ++i) {
+    const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
+    if (result.code() != v1::OK) {
+      results.push_back(FromErrorCode(result.code(), result.message()));
+      continue;
+    }
+    const v1::Placement& placement = result.placements(0);
+    std::shared_ptr<const client::ShmTransport::Pool> pool =
+        impl_->transport->LocalPool(placement.endpoint(), placement.incarnation());
+    if (pool == nullptr || placement.offset() + placement.length() > pool->size) {
+      v1::PutEndItem* item = revoke.add_items();
+      item->set_key(keys[i]);
+      item->set_put_id(result.put_id());
+      results.push_back(absl::FailedPreconditionError(
+          "no segment this process can map had room; use BatchPut"));
+      continue;
+    }
+    uint64_t expiry_ms = 0;
+    std::memcpy(&expiry_ms, placement.token().data(),
+                std::min<size_t>(sizeof(expiry_ms), placement.token().size()));
+    results.push_back(LocalReservation{keys[i], pool->base + placement.offset(),
+                                       placement.length(), result.put_id(),
+                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms))});
+  }
+  if (revoke.items_size() > 0) (void)impl_->master.BatchPutRevoke(revoke);
+  return results;
+}
+
+std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReservation> reservations) {
+  v1::BatchPutEndRequest end;
+  for (const LocalReservation& reservation : reservations) {
+    v1::PutEndItem* item = end.add_items();
+    item->set_key(reservation.key);
+    item->set_put_id(reservation.put_id);
+    iovec bytes{reservation.data, reservation.size};
+    item->set_checksum(wire::Checksum({&bytes, 1}));
+  }
+  absl::StatusOr<v1::BatchPutEndResponse> ended = impl_->master.BatchPutEnd(end);
+  if (ended.ok() && ended->results_size() != static_cast<int>(reservations.size())) {
+    ended = CountMismatch(ended->results_size(), reservations.size());
+  }
+  if (!ended.ok()) return std::vector<absl::Status>(reservations.size(), ended.status());
+  std::vector<absl::Status> results;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < reservations.size(); ++i) {
+    const v1::KeyResult& result = ended->results(static_cast<int>(i));
+    results.push_back(FromErrorCode(result.code(), result.message()));
+    if (results.back().ok()) bytes += reservations[i].size;
+  }
+  impl_->bytes_put.fetch_add(bytes, std::memory_order_relaxed);
+  return results;
+}
+
+void Client::BatchAbandonLocal(absl::Span<const LocalReservation> reservations) {
+  v1::BatchPutRevokeRequest revoke;
+  for (const LocalReservation& reservation : reservations) {
+    v1::PutEndItem* item = revoke.add_items();
+    item->set_key(reservation.key);
+    item->set_put_id(reservation.put_id);
+  }
+  (void)impl_->master.BatchPutRevoke(revoke);
+}
+
+std::vector<MappedPool> Client::MappedPools() {
+  std::vector<MappedPool> pools;
+  for (const auto& [endpoint, pool] : impl_->transport->MappedPools()) {
+    pools.push_back(MappedPool{endpoint, pool->base, pool->size});
+  }
+  return pools;
+}
+
+void Client::MapLocalPools() {
+  absl::StatusOr<v1::GetClusterStatusResponse> status =
+      impl_->master.GetClusterStatus(v1::GetClusterStatusRequest());
+  if (!status.ok()) return;
+  for (const v1::SegmentStatus& segment : status->segments()) {
+    if (segment.machine_id() == impl_->machine_id && !segment.shm_socket().empty()) {
+      impl_->transport->LocalPool(segment.endpoint(), /*incarnation=*/0);
+    }
+  }
+}
+
 absl::Status Client::RegisterMemory(void* addr, size_t length) {
   return impl_->transport->RegisterMemory(addr, length);
 }

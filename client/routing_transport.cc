@@ -19,27 +19,25 @@ RoutingTransport::RoutingTransport(TransportKind kind, ShmResolver resolver,
       tcp_(tcp_options),
       rdma_(std::move(rdma_device)) {}
 
-std::shared_ptr<const ShmTransport::Pool> RoutingTransport::PoolFor(const TransferOp& op) {
-  bool shm_allowed = kind_ == TransportKind::kAuto || kind_ == TransportKind::kSharedMemory;
-  if (!shm_allowed) return nullptr;
-  if (auto pool = shm_.Find(op.endpoint, op.incarnation)) return pool;
+std::shared_ptr<const ShmTransport::Pool> RoutingTransport::LocalPool(const std::string& endpoint,
+                                                                       uint64_t incarnation) {
+  if (auto pool = shm_.Find(endpoint, incarnation)) return pool;
   {
     absl::MutexLock lock(&mu_);
-    auto it = retry_after_.find(op.endpoint);
+    auto it = retry_after_.find(endpoint);
     if (it != retry_after_.end() && absl::Now() < it->second) return nullptr;
   }
   // The resolver answers only for segments on this machine.
-  std::optional<std::string> socket = resolver_(op.endpoint);
+  std::optional<std::string> socket = resolver_(endpoint);
   if (!socket) return nullptr;
-  absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> pool =
-      shm_.Attach(op.endpoint, *socket);
-  if (pool.ok() && (*pool)->incarnation == op.incarnation) return *pool;
+  absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> pool = shm_.Attach(endpoint, *socket);
+  if (pool.ok() && (incarnation == 0 || (*pool)->incarnation == incarnation)) return *pool;
   if (!pool.ok()) {
-    KVPOOL_LOG(INFO) << "shared memory with segment " << op.endpoint
+    KVPOOL_LOG(INFO) << "shared memory with segment " << endpoint
                      << " not available, using TCP: " << pool.status().message();
   }
   absl::MutexLock lock(&mu_);
-  retry_after_[op.endpoint] = absl::Now() + kRetryAttachAfter;
+  retry_after_[endpoint] = absl::Now() + kRetryAttachAfter;
   return nullptr;
 }
 

@@ -35,6 +35,14 @@ class RoutingTransport final : public Transport {
 
   void Execute(absl::Span<TransferOp> ops, absl::Time deadline) override;
 
+  // The mapped pool of a segment on this machine (attaching on first use), or null when shared
+  // memory cannot be used with it.
+  std::shared_ptr<const ShmTransport::Pool> LocalPool(const std::string& endpoint,
+                                                      uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::pair<std::string, std::shared_ptr<const ShmTransport::Pool>>> MappedPools() const {
+    return shm_.All();
+  }
+
   struct Stats {
     uint64_t shm_ops = 0;
     uint64_t rdma_ops = 0;
@@ -45,7 +53,10 @@ class RoutingTransport final : public Transport {
  private:
   // The mapped pool for this op, attaching on first use; null if shared memory is not to be
   // used for it (another host, off, refused, failed recently).
-  std::shared_ptr<const ShmTransport::Pool> PoolFor(const TransferOp& op) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<const ShmTransport::Pool> PoolFor(const TransferOp& op) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool allowed = kind_ == TransportKind::kAuto || kind_ == TransportKind::kSharedMemory;
+    return allowed ? LocalPool(op.endpoint, op.incarnation) : nullptr;
+  }
 
   const TransportKind kind_;
   const ShmResolver resolver_;

@@ -55,8 +55,16 @@ std::shared_ptr<const ShmTransport::Pool> ShmTransport::Find(const std::string& 
                                                             uint64_t incarnation) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = pools_.find(endpoint);
-  if (it == pools_.end() || it->second->incarnation != incarnation) return nullptr;
+  if (it == pools_.end() || (incarnation != 0 && it->second->incarnation != incarnation)) {
+    return nullptr;
+  }
   return it->second;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<const ShmTransport::Pool>>> ShmTransport::All()
+    const {
+  absl::ReaderMutexLock lock(&mu_);
+  return {pools_.begin(), pools_.end()};
 }
 
 absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> ShmTransport::Attach(

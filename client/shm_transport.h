@@ -30,7 +30,7 @@ class ShmTransport {
     ~Pool();
   };
 
-  // The pool mapped for `endpoint` if its incarnation is `incarnation`, else null.
+  // The pool mapped for `endpoint` if its incarnation is `incarnation` (0: any), else null.
   std::shared_ptr<const Pool> Find(const std::string& endpoint, uint64_t incarnation) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -39,6 +39,10 @@ class ShmTransport {
   // it cannot be reached.
   absl::StatusOr<std::shared_ptr<const Pool>> Attach(const std::string& endpoint,
                                                       const std::string& socket_path)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every mapped pool, by endpoint.
+  std::vector<std::pair<std::string, std::shared_ptr<const Pool>>> All() const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Copies one op between its iovecs and `pool`; sets op.status.

@@ -130,6 +130,70 @@ TEST(SharedMemoryTest, BatchesSpanShmAndTcpSegmentsAtOnce) {
   EXPECT_GT(SegmentTcpRequests(*tcp_only), 0);
 }
 
+TEST(SharedMemoryTest, ZeroCopyReserveCommitAndGetLocal) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "64MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  client->MapLocalPools();
+  std::vector<MappedPool> pools = client->MappedPools();
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].size, 64u << 20);
+
+  std::vector<std::string> keys = {"zc-0", "zc-1"};
+  std::vector<uint64_t> sizes = {1 << 20, 12345};
+  std::vector<absl::StatusOr<LocalReservation>> reserved = client->BatchReserveLocal(keys, sizes);
+  std::vector<LocalReservation> filled;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(reserved[i].ok()) << reserved[i].status();
+    EXPECT_GE(reserved[i]->data, pools[0].base);
+    EXPECT_LE(reserved[i]->data + sizes[i], pools[0].base + pools[0].size);
+    std::string value = Value(sizes[i], 900 + i);
+    std::memcpy(reserved[i]->data, value.data(), value.size());  // what a GPU copy would do
+    filled.push_back(*reserved[i]);
+  }
+  EXPECT_FALSE(*client->Exists("zc-0")) << "visible before commit";
+  for (const absl::Status& status : client->BatchCommitLocal(filled)) EXPECT_TRUE(status.ok());
+  // Anyone reads them, checksums included; and a local reader gets pointers into the pool.
+  std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
+  EXPECT_TRUE(*tcp->Get("zc-0", {.verify_checksum = true}) == Value(1 << 20, 900));
+  absl::Time lease;
+  std::vector<absl::StatusOr<LocalValue>> local = client->BatchGetLocal(keys, &lease);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(local[i].ok()) << local[i].status();
+    ASSERT_EQ(local[i]->size, sizes[i]);
+    EXPECT_EQ(std::memcmp(local[i]->data, Value(sizes[i], 900 + i).data(), sizes[i]), 0);
+  }
+  EXPECT_GT(lease, absl::Now());
+  EXPECT_EQ(ToErrorCode(client->BatchReserveLocal({"zc-0"}, {std::vector<uint64_t>{10}})[0].status()),
+            v1::OBJECT_ALREADY_EXISTS);
+  // Abandoned reservations vanish.
+  std::vector<absl::StatusOr<LocalReservation>> dropped =
+      client->BatchReserveLocal({"zc-dropped"}, {std::vector<uint64_t>{100}});
+  ASSERT_TRUE(dropped[0].ok());
+  client->BatchAbandonLocal({*dropped[0]});
+  EXPECT_EQ(client->GetClusterStatus()->pending_objects, 0u);
+  EXPECT_EQ(SegmentTcpRequests(*segment), 1);  // only the TCP client's read
+}
+
+TEST(SharedMemoryTest, ZeroCopyNeedsASegmentOnThisMachineThatAdmitsUs) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment =
+      testing::StartSegment(master->grpc, "64MiB", {"--shm-uids=4242"});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  std::vector<absl::StatusOr<LocalReservation>> reserved =
+      client->BatchReserveLocal({"refused"}, {std::vector<uint64_t>{100}});
+  EXPECT_EQ(reserved[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client->GetClusterStatus()->pending_objects, 0u) << "the reservation was kept";
+  ASSERT_TRUE(client->Put("plain", "value").ok());
+  absl::Time lease;
+  EXPECT_EQ(client->BatchGetLocal({"plain"}, &lease)[0].status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 class RestartTest : public ::testing::TestWithParam<TransportKind> {};
 
 TEST_P(RestartTest, SegmentRestartedMidBatchNeverYieldsWrongBytes) {

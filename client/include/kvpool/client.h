@@ -115,6 +115,30 @@ struct GetItem {
   std::vector<MutableBuffer> parts;
 };
 
+// A value's bytes inside a pool this process has mapped (shared memory).
+struct LocalValue {
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+
+// Space reserved in a pool this process has mapped: fill data[0, size), then commit.
+struct LocalReservation {
+  std::string key;
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t put_id = 0;
+  // Commit before this, or the reservation is reclaimed.
+  absl::Time deadline;
+};
+
+// A pool this process has mapped, e.g. to register with a GPU driver (cudaHostRegister) so
+// that a GPU copies straight between its memory and the pool.
+struct MappedPool {
+  std::string endpoint;
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
+};
+
 struct SegmentStatus {
   std::string name;
   std::string host;
@@ -182,6 +206,31 @@ class Client {
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
 
   absl::StatusOr<ClusterStatus> GetClusterStatus();
+
+  // --- Zero-copy access to segments on this machine (shared memory) ---
+  // For engines that move blocks between a GPU and the pool in one copy: no staging buffer,
+  // no memcpy by the client. Only for segments on this machine that admit this client.
+
+  // Where each key's bytes sit in a mapped pool, leased as by a get: read them before
+  // `*lease_expiry` (the object is neither evicted nor removed until then). NotFound if
+  // absent; FailedPrecondition if no replica is on a segment this process can map.
+  std::vector<absl::StatusOr<LocalValue>> BatchGetLocal(absl::Span<const std::string> keys,
+                                                        absl::Time* lease_expiry);
+  // Reserves space for each key on a segment of this machine (one replica). AlreadyExists and
+  // ResourceExhausted as for BatchPut; FailedPrecondition if the space could only be found on
+  // another machine (nothing is reserved then).
+  std::vector<absl::StatusOr<LocalReservation>> BatchReserveLocal(
+      absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
+      const PutOptions& options = {});
+  // Commits filled reservations: computes their checksums and makes them visible. NotFound if
+  // a reservation was reclaimed (its deadline passed).
+  std::vector<absl::Status> BatchCommitLocal(absl::Span<const LocalReservation> reservations);
+  // Gives unfilled reservations back.
+  void BatchAbandonLocal(absl::Span<const LocalReservation> reservations);
+  // The pools mapped so far (a pool is mapped on first use of its segment).
+  std::vector<MappedPool> MappedPools();
+  // Maps the pools of every segment on this machine that admits this client, now.
+  void MapLocalPools();
 
   // Registers memory the caller will transfer from or into often (an engine's KV-cache
   // staging buffers), so RDMA need not register it on first use. Unavailable when this
