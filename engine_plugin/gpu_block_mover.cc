@@ -53,31 +53,41 @@ absl::Status GpuBlockMover::RegisterNewPools() {
   return absl::OkStatus();
 }
 
-absl::Status GpuBlockMover::Copy(const std::vector<int32_t>& block_ids,
-                                 const std::vector<uint8_t*>& objects,
-                                 kernels::CopyDirection direction) {
-  if (block_ids.empty()) return absl::OkStatus();
+absl::Status GpuBlockMover::Launch(const Batch& batch, kernels::CopyDirection direction) {
+  if (batch.ids.empty()) return absl::OkStatus();
   cudaError_t e = kernels::CopyBlocks(
-      segments_.data(), static_cast<int>(segments_.size()), block_ids.data(), objects.data(),
-      static_cast<int>(block_ids.size()), direction,
+      segments_.data(), static_cast<int>(segments_.size()), batch.ids.data(),
+      batch.objects.data(), static_cast<int>(batch.ids.size()), direction,
       kernels::AutoCopyMethod(bytes_per_block_, /*have_staging=*/true), staging_, stream_);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+  if (e == cudaSuccess) e = cudaEventRecord(batch.done, stream_);
   return e == cudaSuccess ? absl::OkStatus() : CudaError("copying blocks", e);
 }
+
+GpuBlockMover::Batch::Batch() { cudaEventCreateWithFlags(&done, cudaEventDisableTiming); }
+GpuBlockMover::Batch::~Batch() { cudaEventDestroy(done); }
 
 std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::string> keys,
                                                      absl::Span<const int32_t> block_ids) {
   std::vector<absl::Status> results(keys.size());
+  // Batch k's copy runs on the GPU while batch k+1 is reserved and batch k-1 committed.
+  auto commit = [&](Batch& batch) {
+    cudaError_t e = cudaEventSynchronize(batch.done);
+    if (e != cudaSuccess) {
+      client_.BatchAbandonLocal(batch.reservations);
+      for (size_t owner : batch.owners) results[owner] = CudaError("copying blocks", e);
+      return;
+    }
+    std::vector<absl::Status> committed = client_.BatchCommitLocal(batch.reservations);
+    for (size_t k = 0; k < batch.owners.size(); ++k) results[batch.owners[k]] = committed[k];
+  };
+  std::unique_ptr<Batch> previous;
   for (size_t first = 0; first < keys.size(); first += kBatch) {
     size_t n = std::min(kBatch, keys.size() - first);
     std::vector<uint64_t> sizes(n, bytes_per_block_);
     std::vector<absl::StatusOr<LocalReservation>> reserved =
         client_.BatchReserveLocal(keys.subspan(first, n), sizes);
     absl::Status registered = RegisterNewPools();
-    std::vector<LocalReservation> filled;
-    std::vector<int32_t> ids;
-    std::vector<uint8_t*> objects;
-    std::vector<size_t> owners;
+    auto batch = std::make_unique<Batch>();
     for (size_t i = 0; i < n; ++i) {
       if (!reserved[i].ok()) {
         // Already in the pool counts as stored (dedup).
@@ -85,38 +95,38 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
         results[first + i] = exists ? absl::OkStatus() : reserved[i].status();
         continue;
       }
-      filled.push_back(*reserved[i]);
-      ids.push_back(block_ids[first + i]);
-      objects.push_back(reserved[i]->data);
-      owners.push_back(first + i);
+      batch->reservations.push_back(*reserved[i]);
+      batch->ids.push_back(block_ids[first + i]);
+      batch->objects.push_back(reserved[i]->data);
+      batch->owners.push_back(first + i);
     }
     // Step P2 for a GPU cache: the GPU writes each block straight into its reserved space.
-    absl::Status copied = registered.ok()
-                              ? Copy(ids, objects, kernels::CopyDirection::kDeviceToHost)
-                              : registered;
-    if (!copied.ok()) {
-      client_.BatchAbandonLocal(filled);
-      for (size_t owner : owners) results[owner] = copied;
+    absl::Status launched =
+        registered.ok() ? Launch(*batch, kernels::CopyDirection::kDeviceToHost) : registered;
+    if (!launched.ok()) {
+      client_.BatchAbandonLocal(batch->reservations);
+      for (size_t owner : batch->owners) results[owner] = launched;
       continue;
     }
-    std::vector<absl::Status> committed = client_.BatchCommitLocal(filled);
-    for (size_t k = 0; k < owners.size(); ++k) results[owners[k]] = committed[k];
+    if (previous) commit(*previous);
+    previous = std::move(batch);
   }
+  if (previous) commit(*previous);
   return results;
 }
 
 std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string> keys,
                                                     absl::Span<const int32_t> block_ids) {
   std::vector<absl::Status> results(keys.size());
+  // Every batch's copy is queued on the stream as soon as it is located, so the next batch is
+  // located while the GPU copies; one wait at the end.
+  std::vector<std::unique_ptr<Batch>> launched;
   for (size_t first = 0; first < keys.size(); first += kBatch) {
     size_t n = std::min(kBatch, keys.size() - first);
-    absl::Time lease_expiry;
+    auto batch = std::make_unique<Batch>();
     std::vector<absl::StatusOr<LocalValue>> located =
-        client_.BatchGetLocal(keys.subspan(first, n), &lease_expiry);
+        client_.BatchGetLocal(keys.subspan(first, n), &batch->lease_expiry);
     absl::Status registered = RegisterNewPools();
-    std::vector<int32_t> ids;
-    std::vector<uint8_t*> objects;
-    std::vector<size_t> owners;
     for (size_t i = 0; i < n; ++i) {
       if (!located[i].ok()) {
         results[first + i] = located[i].status();
@@ -124,18 +134,29 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
         results[first + i] = absl::InvalidArgumentError(
             absl::StrCat("object has ", located[i]->size, " bytes, a block ", bytes_per_block_));
       } else {
-        ids.push_back(block_ids[first + i]);
-        objects.push_back(located[i]->data);
-        owners.push_back(first + i);
+        batch->ids.push_back(block_ids[first + i]);
+        batch->objects.push_back(located[i]->data);
+        batch->owners.push_back(first + i);
       }
     }
     // Step G2 for a GPU cache: the GPU reads each block straight from the pool.
-    absl::Status copied =
-        registered.ok() ? Copy(ids, objects, kernels::CopyDirection::kHostToDevice) : registered;
-    if (copied.ok() && absl::Now() > lease_expiry) {
-      copied = ErrorStatus(v1::LEASE_EXPIRED, "the copy outlasted the lease; load again");
+    absl::Status status =
+        registered.ok() ? Launch(*batch, kernels::CopyDirection::kHostToDevice) : registered;
+    if (!status.ok()) {
+      for (size_t owner : batch->owners) results[owner] = status;
+      continue;
     }
-    for (size_t owner : owners) results[owner] = copied;
+    launched.push_back(std::move(batch));
+  }
+  cudaError_t e = cudaStreamSynchronize(stream_);
+  absl::Time finished = absl::Now();
+  for (const std::unique_ptr<Batch>& batch : launched) {
+    absl::Status status =
+        e != cudaSuccess            ? CudaError("copying blocks", e)
+        : finished > batch->lease_expiry
+            ? ErrorStatus(v1::LEASE_EXPIRED, "the copy outlasted the lease; load again")
+            : absl::OkStatus();
+    for (size_t owner : batch->owners) results[owner] = status;
   }
   return results;
 }

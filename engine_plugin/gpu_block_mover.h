@@ -49,11 +49,23 @@ class GpuBlockMover {
   uint64_t bytes_per_block() const { return bytes_per_block_; }
 
  private:
+  // One batch of blocks on its way: what it moves, for whom, and when its copy is done.
+  struct Batch {
+    Batch();
+    ~Batch();
+    std::vector<int32_t> ids;
+    std::vector<uint8_t*> objects;
+    std::vector<size_t> owners;  // indices into the caller's keys
+    std::vector<LocalReservation> reservations;  // stores
+    absl::Time lease_expiry;                     // loads
+    cudaEvent_t done = nullptr;
+  };
+
   GpuBlockMover(Client& client, cudaStream_t stream) : client_(client), stream_(stream) {}
   // Registers pools mapped since the last call with the CUDA driver.
   absl::Status RegisterNewPools();
-  absl::Status Copy(const std::vector<int32_t>& block_ids, const std::vector<uint8_t*>& objects,
-                    kernels::CopyDirection direction);
+  // Queues the batch's copy on the stream and records its event.
+  absl::Status Launch(const Batch& batch, kernels::CopyDirection direction);
 
   Client& client_;
   cudaStream_t stream_;

@@ -2,6 +2,7 @@
 // through the C++ client. Checks contents byte for byte.
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <random>
 #include <string>
@@ -222,6 +223,23 @@ TEST_F(PoolTest, ReplicasLiveOnDistinctSegmentsAndSurviveLosingOne) {
   absl::StatusOr<std::string> back = client_->Get("replicated");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == value);
+}
+
+TEST(ShutdownTest, SigtermStopsMasterAndSegmentPromptlyAndCleanly) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=8MiB"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "8MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc);
+  ASSERT_TRUE(client->Put("k", "v").ok());
+  absl::SleepFor(absl::Milliseconds(300));  // a heartbeat is parked on the master now
+  for (testing::Process* process : {segment->process.get(), master->process.get()}) {
+    absl::Time signalled = absl::Now();
+    process->Signal(SIGTERM);
+    int status = process->Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_LT(absl::Now() - signalled, absl::Seconds(5));
+  }
 }
 
 TEST(MasterRestartTest, ClientAndSegmentFindARestartedMaster) {
