@@ -77,11 +77,14 @@ void Process::ReadLines() {
 absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
+  size_t seen = 0;
   while (true) {
+    // Lines that do not match stay: a later wait may be for them (a segment can print that
+    // it mounted before its "listening" line).
     for (auto it = lines_.begin(); it != lines_.end(); ++it) {
       if (absl::StartsWith(*it, prefix)) {
         std::string line = *it;
-        lines_.erase(lines_.begin(), it + 1);
+        lines_.erase(it);
         return line;
       }
     }
@@ -89,9 +92,10 @@ absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix, absl:
       return absl::UnavailableError(absl::StrCat("process ", pid_, " exited before printing \"",
                                                  prefix, "\""));
     }
-    // Nothing matched: drop what was seen and wait for more output.
-    lines_.clear();
-    auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !lines_.empty(); };
+    seen = lines_.size();
+    auto more = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closed_ || lines_.size() > seen;
+    };
     if (!mu_.AwaitWithDeadline(absl::Condition(&more), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no line \"", prefix, "\" within ", absl::FormatDuration(timeout)));
