@@ -17,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,11 @@ ABSL_FLAG(bool, keep_logs, false, "Keep the started servers' logs even when all 
 ABSL_FLAG(bool, json, false, "Print one JSON document instead of the table");
 ABSL_FLAG(std::string, progress, "auto",
           "Progress line on stderr: auto (when it is a terminal), on, off");
+ABSL_FLAG(double, quiet_below, 0,
+          "Before each run, wait until other processes use less than this fraction of the "
+          "machine's CPU over a second (e.g. 0.05; 0: do not wait)");
+ABSL_FLAG(absl::Duration, quiet_timeout, absl::Minutes(5),
+          "--quiet-below: run anyway after waiting this long (and say so)");
 
 namespace kvpool::bench {
 namespace {
@@ -158,11 +164,36 @@ absl::StatusOr<TransportKind> ParseTransport(const std::string& text) {
       absl::StrCat("--transport is auto, tcp, shm or rdma, not '", text, "'"));
 }
 
+// Waits until processes other than the bench and its servers use less than `fraction` of the
+// CPUs over a second, or `timeout` passes; false then.
+bool WaitForQuiet(double fraction, absl::Duration timeout, const std::vector<pid_t>& servers,
+                  bool show) {
+  absl::Time deadline = absl::Now() + timeout;
+  bool waited = false;
+  while (!Interrupted()) {
+    CpuSample before = SampleCpu(servers);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    CpuShare share = Between(before, SampleCpu(servers));
+    double others = share.others + share.steal;
+    if (others < fraction) {
+      if (waited && show) std::fprintf(stderr, "\r\033[K");
+      return true;
+    }
+    if (absl::Now() > deadline) return false;
+    if (show) {
+      std::fprintf(stderr, "\r\033[K  waiting for a quiet machine: others use %.0f%% of the CPUs",
+                   others * 100);
+    }
+    waited = true;
+  }
+  return false;
+}
+
 // Prepares, runs and finishes one workload on one system. Resets this process's peak RSS
 // before measuring (so the result's peak is the run's own) after adding the old peak to
 // `process_peak`.
 Result RunOne(System& system, const Workload& workload, const RunOptions& base,
-              const std::vector<pid_t>& servers, uint64_t& process_peak) {
+              const std::vector<pid_t>& servers, double quiet_below, uint64_t& process_peak) {
   Result result{.workload = workload, .system = system.name(), .detail = system.Describe(workload)};
   RunOptions options = base;
   options.label = absl::StrCat(WorkloadName(workload.kind), " ", system.name());
@@ -176,6 +207,11 @@ Result RunOne(System& system, const Workload& workload, const RunOptions& base,
     result.failure = std::string(workers.status().message());
     system.Finish(workload);
     return result;
+  }
+  if (quiet_below > 0 &&
+      !WaitForQuiet(quiet_below, absl::GetFlag(FLAGS_quiet_timeout), servers,
+                    options.progress != ProgressMode::kOff)) {
+    result.noisy = true;
   }
   process_peak = std::max(process_peak, ReadMemoryUse(0).peak_bytes);
   ResetPeakMemory();
@@ -373,11 +409,11 @@ int Main(int argc, char** argv) {
                       .run_id = run_id};
     if (first_run) report.client_start = ReadMemoryUse(0);
     first_run = false;
-    report.results.push_back(RunOne(**kvpool, workload, run_options, server_pids, process_peak));
+    report.results.push_back(RunOne(**kvpool, workload, run_options, server_pids, absl::GetFlag(FLAGS_quiet_below), process_peak));
     for (const std::unique_ptr<System>& system : systems) {
       if (Interrupted()) break;
       if (!system->Supports(kind)) continue;
-      report.results.push_back(RunOne(*system, workload, run_options, server_pids, process_peak));
+      report.results.push_back(RunOne(*system, workload, run_options, server_pids, absl::GetFlag(FLAGS_quiet_below), process_peak));
     }
     for (const Result& failure : failures) {
       Result row = failure;

@@ -112,6 +112,7 @@ std::string FormatTable(const Report& report) {
                               latency_ratio, (result.cpu.others + result.cpu.steal) * 100,
                               result.detail));
     if (s.errors > 0) absl::StrAppend(&out, "    first error: ", s.first_error, "\n");
+    if (result.noisy) absl::StrAppend(&out, "    (the machine was not quiet when this run began)\n");
   }
   absl::StrAppend(&out,
                   "\nGB/s is 10^9 bytes of values per second; ops are values (keys for meta-*); "
@@ -176,7 +177,8 @@ std::string FormatJson(const Report& report) {
                          {"max", Micros(s.latency.max_nanos())}};
     one["cpu"] = {{"ours", result.cpu.ours},
                   {"others", result.cpu.others},
-                  {"steal", result.cpu.steal}};
+                  {"steal", result.cpu.steal},
+                  {"started_noisy", result.noisy}};
     if (result.system == "kvpool") {
       one["client_memory"] = {{"rss_before_bytes", result.memory_before.rss_bytes},
                               {"rss_after_bytes", result.memory_after.rss_bytes},

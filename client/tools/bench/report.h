@@ -28,6 +28,8 @@ struct Result {
   uint64_t peak_bytes = 0;
   // Who used the machine's CPUs while it was measured.
   CpuShare cpu;
+  // --quiet-below: the machine did not become quiet before the run started.
+  bool noisy = false;
 };
 
 // kvpool's throughput and p50 latency over a baseline's, in one workload.

@@ -140,9 +140,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> TcpBaseline::MakeWorkers(
     int lane = i % lanes;
     int count = workload.batch_size / lanes + (lane < workload.batch_size % lanes ? 1 : 0);
     count = std::min(count, kMaxCount);
-    // The server's memory is allocated and touched here, before anything is timed.
-    auto ring = std::make_shared<SlotRing>(workload.client_buffer_bytes / lanes,
-                                           workload.value_size, count, 0x5A);
+    // The server's memory is allocated and touched here, before anything is timed. Together
+    // the connections' rings hold as much as kvpool's working set, far more than the caches,
+    // as a pool does: a source that fits in the L3 cache would flatter the ceiling.
+    uint64_t ring_bytes = std::max<uint64_t>(workload.client_buffer_bytes / lanes,
+                                             workload.keys * workload.value_size / connections);
+    auto ring = std::make_shared<SlotRing>(ring_bytes, workload.value_size, count, 0x5A);
     servers_.emplace_back([server, ring] { Serve(server, *ring); });
     if (rtt_) {
       workers.push_back(std::make_unique<PingWorker>(*client));

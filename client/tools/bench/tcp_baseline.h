@@ -7,7 +7,8 @@
 // A client thread's batch of `batch_size` values is dealt over `lanes` connections, each with
 // its own client thread; one call of a worker is one request/response exchange of its share:
 //   get: a 16-byte request; the server answers with count x value_size bytes (one sendmsg
-//        from its own memory), read straight into the worker's slots (one readv).
+//        from its own memory, as large in all as kvpool's working set), read straight into
+//        the worker's slots (one readv).
 //   put: a 16-byte header and count x value_size bytes (one sendmsg from the worker's slots);
 //        the server reads them into its memory and answers 8 bytes.
 // There are no keys, tokens or master: this is what the wire alone allows.
