@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/master_client.h"
+#include "client/routing_transport.h"
 #include "client/tcp_transport.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/latency_histogram.h"
 #include "common/metric_families.h"
 #include "kvpool/client_metrics.h"
@@ -51,9 +53,17 @@ struct Client::Impl {
   explicit Impl(const ClientOptions& o)
       : options(o),
         local_host(o.local_host.empty() ? LocalHostName() : o.local_host),
+        machine_id(MachineId()),
         master(o.master_address, o.rpc_timeout),
-        transport(std::make_unique<client::TcpTransport>(client::TcpTransportOptions{
-            .connections_per_endpoint = o.connections_per_segment})) {}
+        transport(std::make_unique<client::RoutingTransport>(
+            o.transport,
+            [this](const std::string& endpoint) { return ShmSocketOf(endpoint); },
+            client::TcpTransportOptions{.connections_per_endpoint = o.connections_per_segment},
+            o.rdma_device)) {}
+
+  // The shared-memory socket of a segment, from the master's segment list (cached; asked
+  // again at most once a second for an endpoint it does not know).
+  std::optional<std::string> ShmSocketOf(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(shm_mu);
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
@@ -78,12 +88,19 @@ struct Client::Impl {
                                                      const GetOptions& options);
 
   // Replica indices of `result`, those on this host first.
-  std::vector<int> ReplicaOrder(const v1::GetResult& result) const;
+  std::vector<int> ReplicaOrder(const v1::GetResult& result);
 
   const ClientOptions options;
   const std::string local_host;
+  const std::string machine_id;
   client::MasterClient master;
-  std::unique_ptr<client::Transport> transport;
+  std::unique_ptr<client::RoutingTransport> transport;
+
+  // Segments on this machine: endpoint -> shared-memory socket ("" if it offers none).
+  absl::Mutex shm_mu;
+  absl::flat_hash_map<std::string, std::string> local_segments ABSL_GUARDED_BY(shm_mu);
+  absl::flat_hash_set<std::string> remote_segments ABSL_GUARDED_BY(shm_mu);
+  absl::Time segments_fetched ABSL_GUARDED_BY(shm_mu) = absl::InfinitePast();
 
   // Metrics (ClientMetrics, MetricsText): whole calls, and the bytes of the keys that made it.
   LatencyHistogram put_latency;
@@ -91,6 +108,30 @@ struct Client::Impl {
   std::atomic<uint64_t> bytes_put{0};
   std::atomic<uint64_t> bytes_got{0};
 };
+
+std::optional<std::string> Client::Impl::ShmSocketOf(const std::string& endpoint) {
+  absl::MutexLock lock(&shm_mu);
+  bool known = local_segments.contains(endpoint) || remote_segments.contains(endpoint);
+  if (!known && absl::Now() - segments_fetched > absl::Seconds(1)) {
+    segments_fetched = absl::Now();
+    if (absl::StatusOr<v1::GetClusterStatusResponse> status =
+            master.GetClusterStatus(v1::GetClusterStatusRequest());
+        status.ok()) {
+      local_segments.clear();
+      remote_segments.clear();
+      for (const v1::SegmentStatus& segment : status->segments()) {
+        if (segment.machine_id() == machine_id) {
+          local_segments[segment.endpoint()] = segment.shm_socket();
+        } else {
+          remote_segments.insert(segment.endpoint());
+        }
+      }
+    }
+  }
+  auto it = local_segments.find(endpoint);
+  if (it == local_segments.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
 
 std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
   const Client::Impl& impl = *client_.impl_;
@@ -103,16 +144,27 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
                    static_cast<double>(impl.bytes_put.load()), {{"op", "put"}});
   families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
                    static_cast<double>(impl.bytes_got.load()), {{"op", "get"}});
+  client::RoutingTransport::Stats transport = impl.transport->stats();
+  families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
+                   static_cast<double>(transport.shm_ops), {{"transport", "shm"}});
+  families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
+                   static_cast<double>(transport.rdma_ops), {{"transport", "rdma"}});
+  families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
+                   static_cast<double>(transport.tcp_ops), {{"transport", "tcp"}});
   return families.Take();
 }
 
 std::string Client::MetricsText() const { return SerializeMetrics(ClientMetrics(*this).Collect()); }
 
-std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) const {
+std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) {
   std::vector<int> order(result.replicas_size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_partition(order.begin(), order.end(),
-                        [&](int i) { return result.replicas(i).host() == local_host; });
+  if (order.size() > 1) {
+    std::stable_partition(order.begin(), order.end(), [&](int i) {
+      const v1::Placement& replica = result.replicas(i);
+      return replica.host() == local_host || ShmSocketOf(replica.endpoint()).has_value();
+    });
+  }
   return order;
 }
 
@@ -140,6 +192,8 @@ void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
       }
       ops.push_back(TransferOp{.opcode = wire::Opcode::kRead,
                                .endpoint = replica.endpoint(),
+                               .host = replica.host(),
+                               .incarnation = replica.incarnation(),
                                .offset = replica.offset(),
                                .length = replica.length(),
                                .token = *token,
@@ -274,7 +328,10 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
                 : options.pin == PinMode::kSoft ? v1::PIN_SOFT
                                                 : v1::PIN_NONE);
-  if (options.prefer_local_segment) start.set_preferred_host(local_host);
+  if (options.prefer_local_segment) {
+    start.set_preferred_host(local_host);
+    start.set_preferred_machine_id(machine_id);
+  }
   for (const PutItem& item : items) {
     start.add_keys(item.key);
     start.add_sizes(std::accumulate(item.parts.begin(), item.parts.end(), uint64_t{0},
@@ -313,6 +370,8 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
       }
       ops.push_back(TransferOp{.opcode = wire::Opcode::kWrite,
                                .endpoint = placement.endpoint(),
+                               .host = placement.host(),
+                               .incarnation = placement.incarnation(),
                                .offset = placement.offset(),
                                .length = placement.length(),
                                .token = *token,
@@ -522,6 +581,154 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
     });
   }
   return status;
+}
+
+std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const std::string> keys,
+                                                              absl::Time* lease_expiry) {
+  const size_t n = keys.size();
+  v1::BatchGetReplicaListRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  absl::Time asked = absl::Now();
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      impl_->master.BatchGetReplicaList(request);
+  if (located.ok() && located->results_size() != static_cast<int>(n)) {
+    located = CountMismatch(located->results_size(), n);
+  }
+  if (!located.ok()) return std::vector<absl::StatusOr<LocalValue>>(n, located.status());
+  std::vector<absl::StatusOr<LocalValue>> results;
+  results.reserve(n);
+  absl::Time expiry = absl::InfiniteFuture();
+  for (const v1::GetResult& result : located->results()) {
+    if (result.code() != v1::OK) {
+      results.push_back(FromErrorCode(result.code(), result.message()));
+      continue;
+    }
+    expiry = std::min(expiry, asked + absl::Milliseconds(result.lease_ttl_ms()));
+    absl::StatusOr<LocalValue> value =
+        absl::FailedPreconditionError("no replica on a segment this process can map");
+    for (const v1::Placement& replica : result.replicas()) {
+      std::shared_ptr<const client::ShmTransport::Pool> pool =
+          impl_->transport->LocalPool(replica.endpoint(), replica.incarnation());
+      if (pool == nullptr || replica.offset() + replica.length() > pool->size) continue;
+      value = LocalValue{pool->base + replica.offset(), replica.length()};
+      break;
+    }
+    results.push_back(std::move(value));
+  }
+  if (lease_expiry != nullptr) *lease_expiry = expiry;
+  return results;
+}
+
+std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
+    absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
+    const PutOptions& options) {
+  const size_t n = keys.size();
+  if (sizes.size() != n) {
+    return std::vector<absl::StatusOr<LocalReservation>>(
+        n, absl::InvalidArgumentError("keys and sizes differ in number"));
+  }
+  v1::BatchPutStartRequest start;
+  start.set_replica_num(1);
+  start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
+                : options.pin == PinMode::kSoft ? v1::PIN_SOFT
+                                                : v1::PIN_NONE);
+  start.set_preferred_host(impl_->local_host);
+  start.set_preferred_machine_id(impl_->machine_id);
+  for (size_t i = 0; i < n; ++i) {
+    start.add_keys(keys[i]);
+    start.add_sizes(sizes[i]);
+  }
+  absl::StatusOr<v1::BatchPutStartResponse> reserved = impl_->master.BatchPutStart(start);
+  if (reserved.ok() && reserved->results_size() != static_cast<int>(n)) {
+    reserved = CountMismatch(reserved->results_size(), n);
+  }
+  if (!reserved.ok()) return std::vector<absl::StatusOr<LocalReservation>>(n, reserved.status());
+  std::vector<absl::StatusOr<LocalReservation>> results;
+  v1::BatchPutRevokeRequest revoke;
+  for (size_t i = 0; i < n; ++i) {
+    const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
+    if (result.code() != v1::OK) {
+      results.push_back(FromErrorCode(result.code(), result.message()));
+      continue;
+    }
+    const v1::Placement& placement = result.placements(0);
+    std::shared_ptr<const client::ShmTransport::Pool> pool =
+        impl_->transport->LocalPool(placement.endpoint(), placement.incarnation());
+    if (pool == nullptr || placement.offset() + placement.length() > pool->size) {
+      v1::PutEndItem* item = revoke.add_items();
+      item->set_key(keys[i]);
+      item->set_put_id(result.put_id());
+      results.push_back(absl::FailedPreconditionError(
+          "no segment this process can map had room; use BatchPut"));
+      continue;
+    }
+    uint64_t expiry_ms = 0;
+    std::memcpy(&expiry_ms, placement.token().data(),
+                std::min<size_t>(sizeof(expiry_ms), placement.token().size()));
+    results.push_back(LocalReservation{keys[i], pool->base + placement.offset(),
+                                       placement.length(), result.put_id(),
+                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms))});
+  }
+  if (revoke.items_size() > 0) (void)impl_->master.BatchPutRevoke(revoke);
+  return results;
+}
+
+std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReservation> reservations) {
+  v1::BatchPutEndRequest end;
+  for (const LocalReservation& reservation : reservations) {
+    v1::PutEndItem* item = end.add_items();
+    item->set_key(reservation.key);
+    item->set_put_id(reservation.put_id);
+    iovec bytes{reservation.data, reservation.size};
+    item->set_checksum(wire::Checksum({&bytes, 1}));
+  }
+  absl::StatusOr<v1::BatchPutEndResponse> ended = impl_->master.BatchPutEnd(end);
+  if (ended.ok() && ended->results_size() != static_cast<int>(reservations.size())) {
+    ended = CountMismatch(ended->results_size(), reservations.size());
+  }
+  if (!ended.ok()) return std::vector<absl::Status>(reservations.size(), ended.status());
+  std::vector<absl::Status> results;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < reservations.size(); ++i) {
+    const v1::KeyResult& result = ended->results(static_cast<int>(i));
+    results.push_back(FromErrorCode(result.code(), result.message()));
+    if (results.back().ok()) bytes += reservations[i].size;
+  }
+  impl_->bytes_put.fetch_add(bytes, std::memory_order_relaxed);
+  return results;
+}
+
+void Client::BatchAbandonLocal(absl::Span<const LocalReservation> reservations) {
+  v1::BatchPutRevokeRequest revoke;
+  for (const LocalReservation& reservation : reservations) {
+    v1::PutEndItem* item = revoke.add_items();
+    item->set_key(reservation.key);
+    item->set_put_id(reservation.put_id);
+  }
+  (void)impl_->master.BatchPutRevoke(revoke);
+}
+
+std::vector<MappedPool> Client::MappedPools() {
+  std::vector<MappedPool> pools;
+  for (const auto& [endpoint, pool] : impl_->transport->MappedPools()) {
+    pools.push_back(MappedPool{endpoint, pool->base, pool->size});
+  }
+  return pools;
+}
+
+void Client::MapLocalPools() {
+  absl::StatusOr<v1::GetClusterStatusResponse> status =
+      impl_->master.GetClusterStatus(v1::GetClusterStatusRequest());
+  if (!status.ok()) return;
+  for (const v1::SegmentStatus& segment : status->segments()) {
+    if (segment.machine_id() == impl_->machine_id && !segment.shm_socket().empty()) {
+      impl_->transport->LocalPool(segment.endpoint(), /*incarnation=*/0);
+    }
+  }
+}
+
+absl::Status Client::RegisterMemory(void* addr, size_t length) {
+  return impl_->transport->RegisterMemory(addr, length);
 }
 
 absl::Status Client::DrainSegment(absl::string_view name) {

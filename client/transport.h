@@ -19,6 +19,8 @@ namespace kvpool::client {
 struct TransferOp {
   wire::Opcode opcode = wire::Opcode::kRead;
   std::string endpoint;  // the segment's data plane, "host:port"
+  std::string host;      // the segment's host, as it advertises it
+  uint64_t incarnation = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   wire::Token token{};

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <fstream>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -32,6 +34,13 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
 std::string FormatHostPort(absl::string_view host, uint16_t port) {
   if (host.find(':') != absl::string_view::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
+}
+
+std::string MachineId() {
+  std::ifstream file("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (std::getline(file, id) && !id.empty()) return id;
+  return LocalHostName();
 }
 
 std::string LocalHostName() {

@@ -25,4 +25,9 @@ std::string FormatHostPort(absl::string_view host, uint16_t port);
 // This machine's host name ("localhost" if it cannot be read).
 std::string LocalHostName();
 
+// Identifies the running kernel: equal for every process (and container) of one machine
+// since its boot, so two processes with the same id can share memory. The kernel's boot_id,
+// or the host name if it cannot be read.
+std::string MachineId();
+
 }  // namespace kvpool

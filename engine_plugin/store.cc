@@ -128,6 +128,10 @@ absl::Status Store::RegisterBuffer(uint64_t base, uint64_t bytes) {
     }
   }
   buffers_.emplace(base, bytes);
+  // With an RDMA device the buffer is registered now rather than on its first transfer;
+  // without one there is nothing more to do.
+  absl::Status registered = client_->RegisterMemory(reinterpret_cast<void*>(base), bytes);
+  if (!registered.ok() && registered.code() != absl::StatusCode::kUnavailable) return registered;
   return absl::OkStatus();
 }
 

@@ -46,7 +46,8 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t in[kRequestHeaderSize]
     return absl::InvalidArgumentError(absl::StrCat("unsupported frame version ", version));
   }
   uint8_t opcode = Get<uint8_t>(in, 5);
-  if (opcode < static_cast<uint8_t>(Opcode::kRead) || opcode > static_cast<uint8_t>(Opcode::kPing)) {
+  if (opcode < static_cast<uint8_t>(Opcode::kRead) ||
+      opcode > static_cast<uint8_t>(Opcode::kRdmaConnect)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown opcode ", opcode));
   }
   RequestHeader header;

@@ -10,7 +10,8 @@
 //   request (64 bytes)                     response (32 bytes)
 //   0  u32 magic "KVPL"                    0  u32 magic "KVPR"
 //   4  u8  version (1)                     4  i32 status (ErrorCode, 0 = OK)
-//   5  u8  opcode (1 READ, 2 WRITE, 3 PING) 8  u64 request_id (echoed)
+//   5  u8  opcode (1 READ, 2 WRITE,        8  u64 request_id (echoed)
+//              3 PING, 4 RDMA_CONNECT)
 //   6  u16 flags (0)                       16 u64 length of what follows
 //   8  u64 request_id                      24 u64 reserved (0)
 //   16 u64 offset in the pool
@@ -34,7 +35,14 @@ inline constexpr size_t kTokenSize = 24;
 // Error reasons in responses are cut to this many bytes.
 inline constexpr size_t kMaxErrorMessage = 1024;
 
-enum class Opcode : uint8_t { kRead = 1, kWrite = 2, kPing = 3 };
+enum class Opcode : uint8_t {
+  kRead = 1,
+  kWrite = 2,
+  kPing = 3,
+  // Sets up an RDMA queue pair with the segment (proto/rdma_handshake.h); the header carries a
+  // grant of the segment (offset, length, token) to prove the client is one of the master's.
+  kRdmaConnect = 4,
+};
 
 using Token = std::array<uint8_t, kTokenSize>;
 

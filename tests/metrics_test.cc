@@ -47,6 +47,7 @@ TEST(MetricsTest, CountersMoveByExactlyWhatAKnownWorkloadDid) {
   }
   ClientOptions options;
   options.master_address = master->grpc;
+  options.transport = TransportKind::kTcp;  // the segment's TCP counters are under test
   std::unique_ptr<Client> client = std::move(Client::Create(options).value());
 
   const std::string small(64 << 10, 's');

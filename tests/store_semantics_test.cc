@@ -342,17 +342,22 @@ TEST(MasterRestartDurabilityTest, EveryCommittedObjectIsReadableAgainAfterAResta
   // Writers keep committing while the master is killed; every key whose put answered OK
   // must come back.
   std::atomic<bool> stop{false};
+  std::atomic<int> commits{0};
   std::vector<std::vector<std::string>> committed(2);
   std::vector<std::thread> writers;
   for (int w = 0; w < 2; ++w) {
     writers.emplace_back([&, w] {
       for (int i = 0; !stop.load(); ++i) {
         std::string key = "w" + std::to_string(w) + "-" + std::to_string(i);
-        if (client->Put(key, Value(64 << 10, w * 100000 + i)).ok()) committed[w].push_back(key);
+        if (client->Put(key, Value(64 << 10, w * 100000 + i)).ok()) {
+          committed[w].push_back(key);
+          commits.fetch_add(1);
+        }
       }
     });
   }
-  absl::SleepFor(absl::Milliseconds(500));
+  // Kill the master while both writers are busy, once the load is well under way.
+  ASSERT_TRUE(Eventually([&] { return commits.load() >= 40; }, absl::Seconds(30)));
   master->process->Signal(SIGKILL);
   master->process->Wait();
   absl::SleepFor(absl::Milliseconds(200));

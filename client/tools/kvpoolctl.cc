@@ -28,6 +28,8 @@
 ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master");
 ABSL_FLAG(bool, json, false, "Print results as JSON, for scripts");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each call");
+ABSL_FLAG(std::string, transport, "auto",
+          "How bytes move: auto (shared memory with segments on this machine, else TCP), tcp, shm");
 ABSL_FLAG(uint32_t, replicas, 1, "put: copies on distinct segments");
 ABSL_FLAG(std::string, pin, "none", "put: none, soft (evicted last) or hard (never evicted)");
 ABSL_FLAG(bool, force, false, "rm: remove even objects that readers hold a lease on");
@@ -291,6 +293,14 @@ int main(int argc, char** argv) {
   options.rpc_timeout = absl::GetFlag(FLAGS_timeout);
   options.transfer_timeout = absl::GetFlag(FLAGS_timeout);
   options.connect_timeout = absl::GetFlag(FLAGS_timeout);
+  std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport == "tcp") {
+    options.transport = kvpool::TransportKind::kTcp;
+  } else if (transport == "shm") {
+    options.transport = kvpool::TransportKind::kSharedMemory;
+  } else if (transport != "auto") {
+    return Usage("--transport is auto, tcp or shm");
+  }
   absl::StatusOr<std::unique_ptr<kvpool::Client>> client = kvpool::Client::Create(options);
   if (!client.ok()) return Report(client.status(), "connect");
 

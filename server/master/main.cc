@@ -28,6 +28,11 @@ ABSL_FLAG(kvpool::ByteSize, embedded_segment_size, kvpool::ByteSize{1ull << 30},
           "Pool served by a segment inside the master (0: none; then segments must mount)");
 ABSL_FLAG(std::string, embedded_segment_listen, "127.0.0.1:0",
           "Data-plane address of the embedded segment (port 0: any free port)");
+ABSL_FLAG(std::string, embedded_segment_shm_socket, "auto",
+          "Unix socket through which clients on this host map the embedded pool: a path, auto "
+          "(/tmp/kvpool-segment-PORT.sock), or none");
+ABSL_FLAG(std::string, embedded_segment_shm_uids, "",
+          "Who may map the embedded pool: empty (this process's uid and root), any, or uids");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name clients dial for the embedded segment (default: its listen host, or this "
           "machine's name when listening on a wildcard address)");
@@ -62,6 +67,13 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   options.listen = absl::GetFlag(FLAGS_embedded_segment_listen);
   options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   options.data.threads = absl::GetFlag(FLAGS_data_threads);
+  std::string shm_socket = absl::GetFlag(FLAGS_embedded_segment_shm_socket);
+  options.shm_socket = shm_socket == "none" ? "" : shm_socket;
+  if (absl::Status uids = kvpool::segment::ParseAdmittedUids(
+          absl::GetFlag(FLAGS_embedded_segment_shm_uids), &options.shm_admission);
+      !uids.ok()) {
+    return uids;
+  }
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> segment =
       kvpool::segment::Segment::Start(std::move(options));
   if (!segment.ok()) return segment.status();
@@ -69,8 +81,10 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   info.name = absl::StrCat("embedded@", (*segment)->endpoint());
   info.host = (*segment)->host();
   info.endpoint = (*segment)->endpoint();
+  info.shm_socket = (*segment)->shm_socket();
+  info.machine_id = kvpool::MachineId();
   info.size = size;
-  info.incarnation = 1;
+  info.incarnation = (*segment)->incarnation();
   info.token_secret = (*segment)->token_secret();
   info.embedded = true;
   if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;

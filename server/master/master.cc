@@ -47,6 +47,7 @@ PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire:
   placement.segment_name = info.name;
   placement.host = info.host;
   placement.endpoint = info.endpoint;
+  placement.incarnation = info.incarnation;
   placement.offset = replica.offset;
   placement.length = size;
   placement.token = wire::MintToken(info.token_secret, opcode, replica.offset, size, expiry);
@@ -207,8 +208,10 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       if (!segment->accepts_writes()) continue;
       const RangeAllocator& allocator = segment->allocator();
       largest = std::max(largest, allocator.capacity());
-      bool preferred = !options.preferred_host.empty() &&
-                       segment->info().host == options.preferred_host;
+      const SegmentInfo& info = segment->info();
+      bool preferred =
+          (!options.preferred_host.empty() && info.host == options.preferred_host) ||
+          (!options.preferred_machine_id.empty() && info.machine_id == options.preferred_machine_id);
       candidates.push_back({std::move(segment), preferred, allocator.capacity() - allocator.used()});
     }
   };
@@ -468,6 +471,8 @@ ClusterSummary Master::GetClusterSummary() const {
     s.name = segment->info().name;
     s.host = segment->info().host;
     s.endpoint = segment->info().endpoint;
+    s.shm_socket = segment->info().shm_socket;
+    s.machine_id = segment->info().machine_id;
     s.capacity_bytes = segment->allocator().capacity();
     s.used_bytes = segment->allocator().used();
     s.replicas = segment->replica_count();

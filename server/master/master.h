@@ -55,6 +55,7 @@ struct PlacementView {
   std::string segment_name;
   std::string host;
   std::string endpoint;
+  uint64_t incarnation = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   wire::Token token{};
@@ -63,8 +64,10 @@ struct PlacementView {
 struct PutStartOptions {
   uint32_t replica_num = 1;
   PinMode pin = PinMode::kNone;
-  // Segments on this host are tried first (the writer's own host, when it asks).
+  // Segments on this host, or on this machine, are tried first (the writer's own, when it
+  // asks).
   std::string preferred_host;
+  std::string preferred_machine_id;
 };
 
 struct PutStartResult {
@@ -102,6 +105,8 @@ struct SegmentSummary {
   std::string name;
   std::string host;
   std::string endpoint;
+  std::string shm_socket;
+  std::string machine_id;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
   uint64_t replicas = 0;

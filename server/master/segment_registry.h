@@ -29,6 +29,8 @@ struct SegmentInfo {
   std::string name;
   std::string host;
   std::string endpoint;  // data plane, "host:port"
+  std::string shm_socket;  // for same-host clients; empty if none
+  std::string machine_id;  // kernel boot id
   uint64_t size = 0;
   uint64_t incarnation = 0;
   std::string token_secret;

@@ -11,6 +11,7 @@
 #include "proto/capability.h"
 #include "proto/error_codes.h"
 #include "proto/frame.h"
+#include "proto/rdma_handshake.h"
 
 namespace kvpool::segment {
 
@@ -73,6 +74,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Respond(0, 0);
       return;
     }
+    if (request_.opcode == wire::Opcode::kRdmaConnect) {
+      asio::async_read(socket_, asio::buffer(rdma_payload_),
+                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                         if (!ec) self->OnRdmaConnect();
+                       });
+      return;
+    }
     bool write = request_.opcode == wire::Opcode::kWrite;
     if (!server_.pool.Contains(request_.offset, request_.length)) {
       Reject(request_.request_id, write ? v1::INVALID_WRITE : v1::INVALID_READ,
@@ -106,6 +114,48 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       SendRead(range);
     }
+  }
+
+  // A client asks for a queue pair; it must hold a grant of this segment (any range).
+  void OnRdmaConnect() {
+    absl::StatusOr<wire::RdmaConnect> connect =
+        wire::DecodeRdmaConnect(rdma_payload_.data(), /*answer=*/false);
+    if (!connect.ok()) {
+      Reject(request_.request_id, v1::INVALID_PARAMS, connect.status().message(),
+             server_.rejected_malformed);
+      return;
+    }
+    wire::RequestHeader grant = request_;
+    grant.opcode = connect->granted_opcode;
+    if (server_.options.require_token) {
+      absl::Status granted = wire::VerifyToken(server_.secret, grant, absl::Now());
+      if (!granted.ok()) {
+        Reject(request_.request_id, v1::PERMISSION_DENIED, granted.message(),
+               server_.rejected_token);
+        return;
+      }
+    }
+    if (!server_.options.rdma_accept) {
+      Reject(request_.request_id, v1::INVALID_PARAMS, "RDMA is off on this segment",
+             server_.rejected_malformed);
+      return;
+    }
+    absl::StatusOr<RdmaAccept> accepted = server_.options.rdma_accept(connect->info);
+    if (!accepted.ok()) {
+      Reject(request_.request_id, v1::TRANSFER_FAIL, accepted.status().message(),
+             server_.rejected_malformed);
+      return;
+    }
+    queue_pair_ = std::move(accepted->queue_pair);  // lives as long as this connection
+    wire::EncodeRdmaConnect({.granted_opcode = wire::Opcode{0}, .info = accepted->info},
+                            rdma_payload_.data());
+    wire::EncodeResponse({0, request_.request_id, wire::kRdmaPayloadSize}, response_.data());
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(response_),
+                                                 asio::buffer(rdma_payload_)};
+    asio::async_write(socket_, buffers,
+                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                        if (!ec) self->ReadHeader();
+                      });
   }
 
   void OnPayload(boost::system::error_code ec, size_t n) {
@@ -168,6 +218,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<uint8_t, wire::kRequestHeaderSize> header_{};
   std::array<uint8_t, wire::kResponseHeaderSize> response_{};
   wire::RequestHeader request_;
+  std::array<uint8_t, wire::kRdmaPayloadSize> rdma_payload_{};
+  std::shared_ptr<void> queue_pair_;
   absl::Time started_;
   std::string error_message_;
 };

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,10 +18,18 @@
 
 #include "absl/status/statusor.h"
 #include "common/latency_histogram.h"
+#include "rdma/rdma_device.h"
 #include "server/segment/manifest.h"
 #include "server/segment/memory_pool.h"
 
 namespace kvpool::segment {
+
+// What accepting an RDMA connect yields: this side's queue-pair info (pool address and
+// remote key included) and the queue pair, kept alive as long as the TCP connection.
+struct RdmaAccept {
+  rdma::QueuePairInfo info;
+  std::shared_ptr<void> queue_pair;
+};
 
 struct DataServerOptions {
   // Threads that run the Asio event loop.
@@ -29,6 +38,8 @@ struct DataServerOptions {
   bool require_token = true;
   // Socket buffer sizes (0: the kernel's default).
   int socket_buffer_bytes = 4 << 20;
+  // Creates a queue pair for a client's RDMA connect; unset: RDMA is off on this segment.
+  std::function<absl::StatusOr<RdmaAccept>(const rdma::QueuePairInfo& client)> rdma_accept;
 };
 
 class DataServer {

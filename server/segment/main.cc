@@ -31,6 +31,15 @@ ABSL_FLAG(std::string, advertise_host, "",
           "machine's name when listening on a wildcard address)");
 ABSL_FLAG(int, threads, 2, "Data-plane threads");
 ABSL_FLAG(bool, prefault, true, "Touch every page of the pool at start");
+ABSL_FLAG(std::string, shm_socket, "auto",
+          "Unix socket through which clients on this host map the pool and copy with memcpy: a "
+          "path, auto (/tmp/kvpool-segment-PORT.sock), or none");
+ABSL_FLAG(std::string, shm_uids, "",
+          "Who may map the pool: empty (this segment's uid and root), any, or exactly the uids "
+          "listed, like 1000,1001");
+ABSL_FLAG(std::string, rdma_device, "",
+          "RDMA device to serve one-sided READ/WRITE from: a name, empty for the first one, or "
+          "none. Without a device the segment serves TCP and shared memory only");
 ABSL_FLAG(bool, enable_test_hooks, false,
           "Serve /debug/corrupt?offset=N on the HTTP port (flips a pool byte; tests only)");
 ABSL_FLAG(bool, require_token, true,
@@ -63,6 +72,14 @@ int main(int argc, char** argv) {
   options.data = {.threads = absl::GetFlag(FLAGS_threads),
                   .require_token = absl::GetFlag(FLAGS_require_token)};
   options.master_address = absl::GetFlag(FLAGS_master);
+  options.rdma_device = absl::GetFlag(FLAGS_rdma_device);
+  std::string shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  options.shm_socket = shm_socket == "none" ? "" : shm_socket;
+  if (absl::Status uids = kvpool::segment::ParseAdmittedUids(absl::GetFlag(FLAGS_shm_uids),
+                                                             &options.shm_admission);
+      !uids.ok()) {
+    return Fail(uids);
+  }
   options.print_mounts = true;
   options.on_drained = [] { kill(getpid(), SIGTERM); };
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =
@@ -99,8 +116,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<uint16_t> http_port = http.Start(absl::GetFlag(FLAGS_http_listen));
   if (!http_port.ok()) return Fail(http_port.status());
 
-  std::printf("kvpool-segment listening name=%s data=%s http=%s pool_bytes=%llu\n",
+  std::printf("kvpool-segment listening name=%s data=%s shm=%s http=%s pool_bytes=%llu\n",
               segment.name().c_str(), segment.endpoint().c_str(),
+              segment.shm_socket().empty() ? "none" : segment.shm_socket().c_str(),
               kvpool::FormatHostPort(kvpool::ParseHostPort(absl::GetFlag(FLAGS_http_listen))->host,
                                      *http_port)
                   .c_str(),

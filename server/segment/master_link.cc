@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "grpcpp/grpcpp.h"
 #include "kvpool/v1/master.grpc.pb.h"
 #include "proto/channel.h"
@@ -66,6 +67,8 @@ absl::Status MasterLink::Mount() {
   request.set_incarnation(options_.incarnation);
   request.set_token_secret(options_.token_secret);
   request.set_manifest_objects(entries.size());
+  request.set_shm_socket(options_.shm_socket);
+  request.set_machine_id(MachineId());
   v1::MountSegmentResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

@@ -27,6 +27,7 @@ struct MasterLinkOptions {
   std::string name;
   std::string host;
   std::string endpoint;  // data plane, as clients should dial it
+  std::string shm_socket;  // for same-host clients; empty if none
   uint64_t size = 0;
   uint64_t incarnation = 0;
   std::string token_secret;

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/net.h"
 #include "proto/capability.h"
 #include "server/common/advertise.h"
@@ -26,6 +27,13 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   if (!pool.ok()) return pool.status();
   segment->pool_ = std::move(*pool);
   segment->secret_ = wire::NewCapabilitySecret();
+  segment->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  if (options.rdma_device != "none") {
+    if (absl::Status rdma = segment->StartRdma(options.rdma_device, options.data); !rdma.ok()) {
+      KVPOOL_LOG(INFO) << "no RDMA for this segment (" << rdma.message()
+                       << "); serving TCP and shared memory";
+    }
+  }
   segment->server_ = std::make_unique<DataServer>(*segment->pool_, segment->secret_, options.data,
                                                   options.master_address.empty()
                                                       ? nullptr
@@ -35,6 +43,15 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   segment->host_ = AdvertisedHost(listen->host, options.advertise_host);
   segment->endpoint_ = FormatHostPort(segment->host_, *port);
   segment->name_ = options.name.empty() ? segment->endpoint_ : options.name;
+  if (!options.shm_socket.empty()) {
+    ShmAdmissionOptions admission = options.shm_admission;
+    admission.incarnation = segment->incarnation_;
+    admission.socket_path = options.shm_socket == "auto"
+                                ? absl::StrCat("/tmp/kvpool-segment-", *port, ".sock")
+                                : options.shm_socket;
+    segment->shm_ = std::make_unique<ShmAdmission>(*segment->pool_, std::move(admission));
+    if (absl::Status started = segment->shm_->Start(); !started.ok()) return started;
+  }
   if (options.master_address.empty()) return segment;
 
   MasterLinkOptions link;
@@ -42,8 +59,9 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   link.name = segment->name_;
   link.host = segment->host_;
   link.endpoint = segment->endpoint_;
+  link.shm_socket = segment->shm_socket();
   link.size = options.size;
-  link.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  link.incarnation = segment->incarnation_;
   link.token_secret = segment->secret_;
   link.print_mounts = options.print_mounts;
   link.on_drained = std::move(options.on_drained);
@@ -64,10 +82,35 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   return segment;
 }
 
+absl::Status Segment::StartRdma(const std::string& device_name, DataServerOptions& data) {
+  absl::StatusOr<std::shared_ptr<rdma::Device>> device = rdma::Device::Open(device_name);
+  if (!device.ok()) return device.status();
+  absl::StatusOr<std::shared_ptr<rdma::MemoryRegion>> region =
+      (*device)->Register(pool_->data(), pool_->size(), /*remote=*/true);
+  if (!region.ok()) return region.status();
+  rdma_ = std::move(*device);
+  pool_region_ = std::move(*region);
+  data.rdma_accept = [device = rdma_, region = pool_region_](const rdma::QueuePairInfo& client)
+      -> absl::StatusOr<RdmaAccept> {
+    absl::StatusOr<std::unique_ptr<rdma::QueuePair>> pair = device->CreateQueuePair();
+    if (!pair.ok()) return pair.status();
+    if (absl::Status connected = (*pair)->Connect(client); !connected.ok()) return connected;
+    RdmaAccept accept;
+    accept.info = (*pair)->local();
+    accept.info.addr = region->addr();
+    accept.info.rkey = region->rkey();
+    accept.queue_pair = std::shared_ptr<rdma::QueuePair>(std::move(*pair));
+    return accept;
+  };
+  KVPOOL_LOG(INFO) << "serving the pool over RDMA on " << rdma_->name();
+  return absl::OkStatus();
+}
+
 Segment::~Segment() { Stop(); }
 
 void Segment::Stop() {
   if (link_) link_->Stop();
+  if (shm_) shm_->Stop();
   if (server_) server_->Stop();
 }
 

@@ -9,12 +9,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/segment/data_server.h"
 #include "server/segment/master_link.h"
 #include "server/segment/memory_pool.h"
+#include "server/segment/shm_admission.h"
 
 namespace kvpool::segment {
 
@@ -29,6 +31,13 @@ struct SegmentOptions {
   // Unique in the cluster (default: the advertised host:port).
   std::string name;
   DataServerOptions data;
+  // Unix socket for same-host clients to map the pool: a path, "auto" (one in /tmp named
+  // after the data port), or empty for no shared memory; and who may (see ShmAdmission).
+  std::string shm_socket;
+  ShmAdmissionOptions shm_admission;
+  // RDMA device to serve one-sided READ/WRITE of the pool from: a name, empty for the first
+  // one, "none" for no RDMA. Without a device the segment serves TCP and shared memory only.
+  std::string rdma_device = "none";
   // gRPC address of the master to mount on; empty for a segment embedded in the master,
   // which the master mounts itself (no link, no manifest).
   std::string master_address;
@@ -63,17 +72,30 @@ class Segment {
   // Always true for an embedded segment.
   bool mounted() const { return link_ == nullptr || link_->mounted(); }
   DataServer::Stats stats() const { return server_->stats(); }
+  // Random, drawn at Start: tells this run of the segment from a restarted one.
+  uint64_t incarnation() const { return incarnation_; }
+  // Empty when shared memory is off.
+  std::string shm_socket() const { return shm_ ? shm_->socket_path() : ""; }
+  const ShmAdmission* shm() const { return shm_.get(); }
+  // Null when RDMA is off.
+  const rdma::Device* rdma() const { return rdma_.get(); }
 
  private:
   Segment() = default;
+  // Registers the pool with an RDMA device and lets `data` accept queue pairs.
+  absl::Status StartRdma(const std::string& device_name, DataServerOptions& data);
 
   std::string name_;
   std::string host_;
   std::string endpoint_;
   std::string secret_;
+  uint64_t incarnation_ = 0;
   std::unique_ptr<MemoryPool> pool_;
+  std::shared_ptr<rdma::Device> rdma_;
+  std::shared_ptr<rdma::MemoryRegion> pool_region_;
   Manifest manifest_;
   std::unique_ptr<DataServer> server_;
+  std::unique_ptr<ShmAdmission> shm_;
   std::unique_ptr<MasterLink> link_;
 };
 

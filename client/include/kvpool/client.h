@@ -72,6 +72,8 @@ struct ClientOptions {
   // Parallel data connections per segment within one batch.
   int connections_per_segment = 2;
   TransportKind transport = TransportKind::kAuto;
+  // RDMA device for kAuto/kRdma: a name, or empty for the first one found.
+  std::string rdma_device;
   // Check every value read against its writer's checksum (see GetOptions).
   bool verify_checksums = false;
   // This machine's host name as segments advertise it: replicas on this host are read
@@ -111,6 +113,30 @@ struct PutItem {
 struct GetItem {
   std::string key;
   std::vector<MutableBuffer> parts;
+};
+
+// A value's bytes inside a pool this process has mapped (shared memory).
+struct LocalValue {
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+
+// Space reserved in a pool this process has mapped: fill data[0, size), then commit.
+struct LocalReservation {
+  std::string key;
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t put_id = 0;
+  // Commit before this, or the reservation is reclaimed.
+  absl::Time deadline;
+};
+
+// A pool this process has mapped, e.g. to register with a GPU driver (cudaHostRegister) so
+// that a GPU copies straight between its memory and the pool.
+struct MappedPool {
+  std::string endpoint;
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
 };
 
 struct SegmentStatus {
@@ -180,6 +206,37 @@ class Client {
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
 
   absl::StatusOr<ClusterStatus> GetClusterStatus();
+
+  // --- Zero-copy access to segments on this machine (shared memory) ---
+  // For engines that move blocks between a GPU and the pool in one copy: no staging buffer,
+  // no memcpy by the client. Only for segments on this machine that admit this client.
+
+  // Where each key's bytes sit in a mapped pool, leased as by a get: read them before
+  // `*lease_expiry` (the object is neither evicted nor removed until then). NotFound if
+  // absent; FailedPrecondition if no replica is on a segment this process can map.
+  std::vector<absl::StatusOr<LocalValue>> BatchGetLocal(absl::Span<const std::string> keys,
+                                                        absl::Time* lease_expiry);
+  // Reserves space for each key on a segment of this machine (one replica). AlreadyExists and
+  // ResourceExhausted as for BatchPut; FailedPrecondition if the space could only be found on
+  // another machine (nothing is reserved then).
+  std::vector<absl::StatusOr<LocalReservation>> BatchReserveLocal(
+      absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
+      const PutOptions& options = {});
+  // Commits filled reservations: computes their checksums and makes them visible. NotFound if
+  // a reservation was reclaimed (its deadline passed).
+  std::vector<absl::Status> BatchCommitLocal(absl::Span<const LocalReservation> reservations);
+  // Gives unfilled reservations back.
+  void BatchAbandonLocal(absl::Span<const LocalReservation> reservations);
+  // The pools mapped so far (a pool is mapped on first use of its segment).
+  std::vector<MappedPool> MappedPools();
+  // Maps the pools of every segment on this machine that admits this client, now.
+  void MapLocalPools();
+
+  // Registers memory the caller will transfer from or into often (an engine's KV-cache
+  // staging buffers), so RDMA need not register it on first use. Unavailable when this
+  // machine has no RDMA device (nothing to do then: the other transports need no
+  // registration).
+  absl::Status RegisterMemory(void* addr, size_t length);
   // Stops new objects going to the segment; it is unmounted once nothing on it is leased or
   // being written. NotFound (SEGMENT_NOT_FOUND) for an unknown name.
   absl::Status DrainSegment(absl::string_view name);

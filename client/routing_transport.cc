@@ -1,0 +1,97 @@
+#include "client/routing_transport.h"
+
+#include <thread>
+
+#include "common/log.h"
+
+namespace kvpool::client {
+namespace {
+
+// After a failed or refused attach, TCP only for this long before asking again.
+constexpr absl::Duration kRetryAttachAfter = absl::Seconds(10);
+
+}  // namespace
+
+RoutingTransport::RoutingTransport(TransportKind kind, ShmResolver resolver,
+                                   TcpTransportOptions tcp_options, std::string rdma_device)
+    : kind_(kind),
+      resolver_(std::move(resolver)),
+      tcp_(tcp_options),
+      rdma_(std::move(rdma_device)) {}
+
+std::shared_ptr<const ShmTransport::Pool> RoutingTransport::LocalPool(const std::string& endpoint,
+                                                                       uint64_t incarnation) {
+  if (auto pool = shm_.Find(endpoint, incarnation)) return pool;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = retry_after_.find(endpoint);
+    if (it != retry_after_.end() && absl::Now() < it->second) return nullptr;
+  }
+  // The resolver answers only for segments on this machine.
+  std::optional<std::string> socket = resolver_(endpoint);
+  if (!socket) return nullptr;
+  absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> pool = shm_.Attach(endpoint, *socket);
+  if (pool.ok() && (incarnation == 0 || (*pool)->incarnation == incarnation)) return *pool;
+  if (!pool.ok()) {
+    KVPOOL_LOG(INFO) << "shared memory with segment " << endpoint
+                     << " not available, using TCP: " << pool.status().message();
+  }
+  absl::MutexLock lock(&mu_);
+  retry_after_[endpoint] = absl::Now() + kRetryAttachAfter;
+  return nullptr;
+}
+
+void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
+  bool rdma = (kind_ == TransportKind::kAuto || kind_ == TransportKind::kRdma) && rdma_.available();
+  std::vector<std::pair<TransferOp*, std::shared_ptr<const ShmTransport::Pool>>> shm_ops;
+  std::vector<TransferOp*> rdma_ops;
+  std::vector<size_t> tcp_index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (auto pool = PoolFor(ops[i])) {
+      shm_ops.emplace_back(&ops[i], std::move(pool));
+    } else if (rdma) {
+      rdma_ops.push_back(&ops[i]);
+    } else {
+      tcp_index.push_back(i);
+    }
+  }
+  if (shm_ops.empty() && rdma_ops.empty()) {
+    tcp_ops_.fetch_add(ops.size(), std::memory_order_relaxed);
+    tcp_.Execute(ops, deadline);
+    return;
+  }
+  // TCP ops run on their own thread while this one copies through shared memory and posts
+  // RDMA requests; what RDMA could not do goes over TCP afterwards.
+  auto run_tcp = [this, &ops, deadline](const std::vector<size_t>& index) {
+    std::vector<TransferOp> batch;
+    batch.reserve(index.size());
+    for (size_t i : index) batch.push_back(std::move(ops[i]));
+    tcp_.Execute(absl::MakeSpan(batch), deadline);
+    for (size_t k = 0; k < index.size(); ++k) ops[index[k]] = std::move(batch[k]);
+    tcp_ops_.fetch_add(index.size(), std::memory_order_relaxed);
+  };
+  std::thread tcp_thread;
+  if (!tcp_index.empty()) tcp_thread = std::thread([&] { run_tcp(tcp_index); });
+  absl::Time now = absl::Now();
+  for (auto& [op, pool] : shm_ops) ShmTransport::Copy(*pool, *op, now);
+  shm_ops_.fetch_add(shm_ops.size(), std::memory_order_relaxed);
+  std::vector<size_t> fallback;
+  if (!rdma_ops.empty()) {
+    rdma_.Execute(rdma_ops, deadline);
+    for (TransferOp* op : rdma_ops) {
+      if (op->status.ok()) {
+        rdma_ops_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        fallback.push_back(static_cast<size_t>(op - ops.data()));
+      }
+    }
+  }
+  if (tcp_thread.joinable()) tcp_thread.join();
+  if (!fallback.empty()) run_tcp(fallback);
+}
+
+RoutingTransport::Stats RoutingTransport::stats() const {
+  return Stats{shm_ops_.load(), rdma_ops_.load(), tcp_ops_.load()};
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,637 @@
+// kvpool-kernels-bench: times the kernels of kernels/ next to the ceilings they are judged
+// against, all measured in the same run: a plain pinned 1 GiB cudaMemcpy each way (and both at
+// once) for block copies, and a read-only bandwidth kernel for attention.
+//
+//   kvpool-kernels-bench [--csv FILE] [--quick]
+//
+// Every time is the median of many runs timed with CUDA events after warm-up; bandwidths count
+// only the bytes a kernel must move (real sequence lengths), and every working set is many
+// times the 50 MB L2. Prints markdown tables; --csv also writes the GQA rows for bench_sdpa.py.
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/block_copy.cuh"
+#include "kernels/gqa_decode.cuh"
+#include "kernels/mla_decode.cuh"
+#include "kernels/tuning.h"
+
+namespace kvpool::kernels {
+namespace {
+
+#define CUDA_OK(expr)                                                                             \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+struct Options {
+  std::string csv;
+  bool quick = false;
+  std::string only;  // "gqa:BS:BATCH:CTX" or "mla:HEADS:DTYPE": just that row (for ncu)
+  int reps = 0;      // overrides the number of timed runs
+};
+
+int Reps(const Options& opt, int normal, int quick) {
+  return opt.reps > 0 ? opt.reps : (opt.quick ? quick : normal);
+}
+
+// Median milliseconds of `reps` runs of fn on `stream` after `warmup` runs.
+double MedianMs(const std::function<void()>& fn, cudaStream_t stream, int warmup, int reps) {
+  cudaEvent_t a, b;
+  CUDA_OK(cudaEventCreate(&a));
+  CUDA_OK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) fn();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    CUDA_OK(cudaEventRecord(a, stream));
+    fn();
+    CUDA_OK(cudaEventRecord(b, stream));
+    CUDA_OK(cudaEventSynchronize(b));
+    CUDA_OK(cudaEventElapsedTime(&ms[i], a, b));
+  }
+  CUDA_OK(cudaEventDestroy(a));
+  CUDA_OK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2];
+}
+
+// Deterministic pseudo-random fill: bf16/fp16 values in [-1, 1) or e4m3 bytes below 2.
+__global__ void FillKernel(uint32_t* p, size_t words, uint64_t seed, int kind) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < words;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    uint32_t out;
+    if (kind == 2) {
+      out = static_cast<uint32_t>(x) & 0xBFBFBFBFu;  // e4m3, exponent < 8: |v| < 2, no NaN
+    } else {
+      const float f0 = (static_cast<uint32_t>(x) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+      const float f1 = (static_cast<uint32_t>(x >> 32) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+      if (kind == 0) {
+        out = (__float_as_uint(f0) >> 16) | (__float_as_uint(f1) & 0xffff0000u);
+      } else {
+        const __half2 h = __floats2half2_rn(f0, f1);
+        out = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+    p[i] = out;
+  }
+}
+
+void Fill(void* p, size_t bytes, uint64_t seed, int kind) {
+  FillKernel<<<1024, 256>>>(static_cast<uint32_t*>(p), bytes / 4, seed, kind);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+// Read-only bandwidth: every thread streams 16-byte loads, kUnroll in flight.
+template <int kUnroll>
+__global__ void ReadKernel(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads alive
+}
+
+int NumSms() {
+  int dev = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Ceiling {
+  double read_tbs = 0;  // best read-only kernel
+  double d2d_tbs = 0;   // cudaMemcpy device to device, read + write bytes
+};
+
+Ceiling MeasureReadCeiling(cudaStream_t s, const Options& opt) {
+  const size_t bytes = size_t{4} << 30;
+  void* buf;
+  uint32_t* sink;
+  CUDA_OK(cudaMalloc(&buf, bytes));
+  CUDA_OK(cudaMalloc(&sink, 4));
+  Fill(buf, bytes, 1, 0);
+  const int sms = NumSms();
+  Ceiling c;
+  std::printf("\n### Read-only bandwidth ceiling (4 GiB buffer)\n\n");
+  std::printf("| variant | median ms | TB/s |\n| --- | ---: | ---: |\n");
+  struct V {
+    const char* name;
+    int blocks_per_sm;
+    int unroll;
+  };
+  const V variants[] = {{"4 blocks/SM x 256, unroll 4", 4, 4},
+                        {"8 blocks/SM x 256, unroll 4", 8, 4},
+                        {"4 blocks/SM x 256, unroll 8", 4, 8}};
+  const size_t n = bytes / 16;
+  for (const V& v : variants) {
+    auto run = [&] {
+      if (v.unroll == 4) {
+        ReadKernel<4><<<sms * v.blocks_per_sm, 256, 0, s>>>(static_cast<uint4*>(buf), n, sink);
+      } else {
+        ReadKernel<8><<<sms * v.blocks_per_sm, 256, 0, s>>>(static_cast<uint4*>(buf), n, sink);
+      }
+    };
+    const double ms = MedianMs(run, s, 3, Reps(opt, 30, 5));
+    CUDA_OK(cudaGetLastError());
+    const double tbs = bytes / (ms * 1e-3) / 1e12;
+    c.read_tbs = std::max(c.read_tbs, tbs);
+    std::printf("| %s | %.3f | %.2f |\n", v.name, ms, tbs);
+  }
+  void* dst;
+  CUDA_OK(cudaMalloc(&dst, bytes / 2));
+  const double ms =
+      MedianMs([&] { CUDA_OK(cudaMemcpyAsync(dst, buf, bytes / 2, cudaMemcpyDeviceToDevice, s)); },
+               s, 3, opt.quick ? 5 : 20);
+  c.d2d_tbs = bytes / (ms * 1e-3) / 1e12;  // 2 GiB read + 2 GiB written
+  std::printf("| cudaMemcpy D2D 2 GiB (read + write bytes) | %.3f | %.2f |\n", ms, c.d2d_tbs);
+  std::printf("\nRead-only ceiling used below: **%.2f TB/s**\n", c.read_tbs);
+  CUDA_OK(cudaFree(dst));
+  CUDA_OK(cudaFree(buf));
+  CUDA_OK(cudaFree(sink));
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block copies
+
+struct CopySetup {
+  std::vector<KvSegment> segments;
+  std::vector<int32_t> ids_a, ids_b;     // two disjoint block sets
+  std::vector<uint8_t*> objs_a, objs_b;  // their host objects
+  uint64_t bytes_per_op = 0;
+};
+
+// num_segments segments of seg_block_bytes blocks, each segment holding phys_blocks blocks in
+// `cache`; moves `count` blocks per operation into host objects packed in pool_a / pool_b.
+CopySetup MakeCopySetup(uint8_t* cache, int num_segments, uint64_t seg_block_bytes, int phys_blocks,
+                        int count, uint8_t* pool_a, uint8_t* pool_b, std::mt19937_64& rng) {
+  CopySetup c;
+  uint64_t off = 0;
+  for (int s = 0; s < num_segments; ++s) {
+    c.segments.push_back(
+        {reinterpret_cast<uint64_t>(cache) + uint64_t{1} * s * phys_blocks * seg_block_bytes,
+         seg_block_bytes, seg_block_bytes, off});
+    off += seg_block_bytes;
+  }
+  std::vector<int32_t> ids(phys_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  c.ids_a.assign(ids.begin(), ids.begin() + count);
+  c.ids_b.assign(ids.begin() + count, ids.begin() + 2 * count);
+  std::vector<int> slots(count);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  for (int i = 0; i < count; ++i) {
+    c.objs_a.push_back(pool_a + uint64_t{1} * slots[i] * off);
+    c.objs_b.push_back(pool_b + uint64_t{1} * slots[i] * off);
+  }
+  c.bytes_per_op = uint64_t{1} * count * off;
+  return c;
+}
+
+const char* MethodName(CopyMethod m) {
+  switch (m) {
+    case CopyMethod::kKernel:
+      return "kernel (zero-copy)";
+    case CopyMethod::kCopyEngine:
+      return "copy engine, one copy per segment block";
+    case CopyMethod::kStaged:
+      return "staged (pack in HBM + one copy per block object)";
+    case CopyMethod::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+struct CopyRates {
+  double d2h = 0, h2d = 0, both = 0;  // GB/s
+};
+
+// Staging buffers for kStaged: one per stream.
+CopyStaging g_staging[2];
+
+CopyRates TimeCopies(const CopySetup& c, CopyMethod m, cudaStream_t s1, cudaStream_t s2, int reps) {
+  CopyRates r;
+  const int ns = static_cast<int>(c.segments.size());
+  const int nb = static_cast<int>(c.ids_a.size());
+  auto gather = [&](cudaStream_t s) {
+    CUDA_OK(CopyBlocks(c.segments.data(), ns, c.ids_a.data(), c.objs_a.data(), nb,
+                       CopyDirection::kDeviceToHost, m, g_staging[0], s));
+  };
+  auto scatter = [&](cudaStream_t s) {
+    CUDA_OK(CopyBlocks(c.segments.data(), ns, c.ids_b.data(), c.objs_b.data(), nb,
+                       CopyDirection::kHostToDevice, m, g_staging[s == s1 ? 0 : 1], s));
+  };
+  r.d2h = c.bytes_per_op / (MedianMs([&] { gather(s1); }, s1, 2, reps) * 1e-3) / 1e9;
+  r.h2d = c.bytes_per_op / (MedianMs([&] { scatter(s1); }, s1, 2, reps) * 1e-3) / 1e9;
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  auto both = [&] {
+    CUDA_OK(cudaEventRecord(fork, s1));
+    CUDA_OK(cudaStreamWaitEvent(s2, fork));
+    gather(s1);
+    scatter(s2);
+    CUDA_OK(cudaEventRecord(join, s2));
+    CUDA_OK(cudaStreamWaitEvent(s1, join));
+  };
+  r.both = 2.0 * c.bytes_per_op / (MedianMs(both, s1, 2, reps) * 1e-3) / 1e9;
+  CUDA_OK(cudaEventDestroy(fork));
+  CUDA_OK(cudaEventDestroy(join));
+  return r;
+}
+
+void BenchCopies(const Options& opt) {
+  cudaStream_t s1, s2;
+  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  const size_t gib = size_t{1} << 30;
+  uint8_t *h1, *h2, *d1, *d2;
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&h1), gib, 0));
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&h2), gib, 0));
+  CUDA_OK(cudaMalloc(&d1, gib));
+  CUDA_OK(cudaMalloc(&d2, gib));
+  std::memset(h1, 1, gib);
+  std::memset(h2, 2, gib);
+  Fill(d1, gib, 3, 0);
+  Fill(d2, gib, 4, 0);
+  const int reps = Reps(opt, 10, 5);
+  const size_t staging_bytes = size_t{256} << 20;
+  for (CopyStaging& st : g_staging) {
+    CUDA_OK(cudaMalloc(&st.device, staging_bytes));
+    st.bytes = staging_bytes;
+  }
+
+  // Baseline: plain pinned 1 GiB copies.
+  const double base_h2d =
+      gib /
+      (MedianMs([&] { CUDA_OK(cudaMemcpyAsync(d1, h1, gib, cudaMemcpyHostToDevice, s1)); }, s1, 2,
+                reps) *
+       1e-3) /
+      1e9;
+  const double base_d2h =
+      gib /
+      (MedianMs([&] { CUDA_OK(cudaMemcpyAsync(h1, d1, gib, cudaMemcpyDeviceToHost, s1)); }, s1, 2,
+                reps) *
+       1e-3) /
+      1e9;
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const double base_both = 2.0 * gib /
+                           (MedianMs(
+                                [&] {
+                                  CUDA_OK(cudaEventRecord(fork, s1));
+                                  CUDA_OK(cudaStreamWaitEvent(s2, fork));
+                                  CUDA_OK(cudaMemcpyAsync(h1, d1, gib, cudaMemcpyDeviceToHost, s1));
+                                  CUDA_OK(cudaMemcpyAsync(d2, h2, gib, cudaMemcpyHostToDevice, s2));
+                                  CUDA_OK(cudaEventRecord(join, s2));
+                                  CUDA_OK(cudaStreamWaitEvent(s1, join));
+                                },
+                                s1, 2, reps) *
+                            1e-3) /
+                           1e9;
+  std::printf("\n### Host <-> device baseline: plain pinned 1 GiB cudaMemcpyAsync\n\n");
+  std::printf("| direction | GB/s |\n| --- | ---: |\n");
+  std::printf(
+      "| host -> device | %.1f |\n| device -> host | %.1f |\n| both at once (sum) | %.1f |\n",
+      base_h2d, base_d2h, base_both);
+
+  // The target case: 16-token blocks of a 32-layer GQA-8 cache (d128, bf16), FlashAttention
+  // layout: 64 segments of 32 KiB per block; 512 blocks (1 GiB) per operation.
+  std::mt19937_64 rng(5);
+  {
+    const uint64_t seg_bytes = 16 * 8 * 128 * 2;
+    const int phys = 1024, count = 512;  // 2 GiB of cache: d1 and d2 side by side? use one
+    uint8_t* cache;
+    CUDA_OK(cudaMalloc(&cache, 64 * phys * seg_bytes));
+    Fill(cache, 64 * phys * seg_bytes, 6, 0);
+    const CopySetup c = MakeCopySetup(cache, 64, seg_bytes, phys, count, h1, h2, rng);
+    std::printf(
+        "\n### Block gather/scatter: 32-layer GQA-8 cache (d128, bf16, 16-token blocks), "
+        "64 segments x 32 KiB per block, 512 random blocks (1 GiB) per operation\n\n");
+    std::printf(
+        "| method | device -> host GB/s | vs pinned copy | host -> device GB/s | vs pinned "
+        "copy | both at once GB/s | vs one direction |\n");
+    std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (CopyMethod m :
+         {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged, CopyMethod::kAuto}) {
+      const CopyRates r = TimeCopies(c, m, s1, s2, reps);
+      std::printf("| %s | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx |\n", MethodName(m), r.d2h,
+                  r.d2h / base_d2h, r.h2d, r.h2d / base_h2d, r.both,
+                  r.both / std::max(r.d2h, r.h2d));
+    }
+    CUDA_OK(cudaFree(cache));
+  }
+
+  // Size sweep: per-segment block bytes, 64 segments, ~512 MiB per operation.
+  std::printf(
+      "\n### Block copy methods by per-segment block size (64 segments, 512 MiB per "
+      "operation)\n\n");
+  std::printf(
+      "| segment block bytes | kernel D2H | copy engine D2H | staged D2H | kernel H2D | "
+      "copy engine H2D | staged H2D | kernel both | staged both |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (uint64_t bytes : {uint64_t{2048}, uint64_t{8192}, uint64_t{32768}, uint64_t{131072},
+                         uint64_t{524288}, uint64_t{2097152}}) {
+    const int count = static_cast<int>((uint64_t{512} << 20) / (64 * bytes));
+    const CopySetup c = MakeCopySetup(d1, 64, bytes, 2 * count, count, h1, h2, rng);
+    const CopyRates k = TimeCopies(c, CopyMethod::kKernel, s1, s2, Reps(opt, 5, 3));
+    const CopyRates e = TimeCopies(c, CopyMethod::kCopyEngine, s1, s2, Reps(opt, 5, 3));
+    const CopyRates st = TimeCopies(c, CopyMethod::kStaged, s1, s2, Reps(opt, 5, 3));
+    std::printf("| %llu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                static_cast<unsigned long long>(bytes), k.d2h, e.d2h, st.d2h, k.h2d, e.h2d, st.h2d,
+                k.both, st.both);
+    std::fflush(stdout);
+  }
+  CUDA_OK(cudaEventDestroy(fork));
+  CUDA_OK(cudaEventDestroy(join));
+  CUDA_OK(cudaFreeHost(h1));
+  CUDA_OK(cudaFreeHost(h2));
+  CUDA_OK(cudaFree(d1));
+  CUDA_OK(cudaFree(d2));
+  for (CopyStaging& st : g_staging) CUDA_OK(cudaFree(st.device));
+  CUDA_OK(cudaStreamDestroy(s1));
+  CUDA_OK(cudaStreamDestroy(s2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GQA decode
+
+struct GqaConfigRow {
+  int qo, kv, d, bs, batch, ctx;
+  DType kv_type;
+  bool target;    // a row of the issue's target table
+  int warps = 0;  // KernelTuning::gqa_warps for a variant row
+};
+
+void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<GqaConfigRow> rows;
+  for (int bs : {16, 64}) {
+    for (int batch : {32, 64, 128}) {
+      for (int ctx : {4096, 8192, 16384, 32768}) {
+        if (opt.quick && (batch == 64 || ctx == 8192 || ctx == 16384)) continue;
+        rows.push_back({64, 8, 128, bs, batch, ctx, DType::kBF16, true});
+      }
+    }
+  }
+  rows.push_back({32, 8, 128, 16, 64, 8192, DType::kBF16, false});
+  rows.push_back({64, 8, 128, 16, 64, 8192, DType::kFP8E4M3, false});
+  rows.push_back({64, 8, 128, 16, 64, 8192, DType::kFP16, false});
+  rows.push_back({32, 8, 64, 32, 64, 8192, DType::kBF16, false});
+  rows.push_back({32, 8, 256, 32, 64, 8192, DType::kBF16, false});
+  rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false});  // small batch: splits
+  // Variant: 8 kv heads per block (one block per SM) instead of 4.
+  for (int batch : {32, 128}) {
+    for (int ctx : {4096, 32768})
+      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
+  }
+
+  // One pool big enough for the largest row, K/V-first layout over all of it.
+  const int64_t max_tokens = int64_t{128} * 32768;
+  const int64_t pool_elems_per_kv = max_tokens * 8 * 128;  // tokens * kv_heads * d (max)
+  void* pool;
+  CUDA_OK(cudaMalloc(&pool, 2 * pool_elems_per_kv * 2));
+  int filled = -1;  // FillKernel kind the pool holds
+  std::mt19937_64 rng(8);
+
+  std::printf("\n### GQA decode (paged, K/V-first layout, all sequences at full context)\n\n");
+  std::printf(
+      "| heads q/kv | d | kv | block | batch | context | median us | TB/s | vs read "
+      "ceiling |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const GqaConfigRow& r : rows) {
+    if (!opt.only.empty()) {
+      char want[64];
+      std::snprintf(want, sizeof(want), "gqa:%d:%d:%d", r.bs, r.batch, r.ctx);
+      if (opt.only != want || r.kv_type != DType::kBF16 || r.qo != 64 || r.d != 128) continue;
+    }
+    const int eb = DTypeBytes(r.kv_type);
+    const int64_t num_blocks = pool_elems_per_kv * 2 / eb / (int64_t{r.bs} * r.kv * r.d);
+    const PagedKvLayout layout = PagedKvLayout::KvFirst(num_blocks, r.bs, r.kv, r.d);
+    const int bps = r.ctx / r.bs;
+    const int64_t needed = int64_t{r.batch} * bps;
+    if (needed > num_blocks) continue;
+    const int kind = r.kv_type == DType::kBF16 ? 0 : (r.kv_type == DType::kFP16 ? 1 : 2);
+    if (kind != filled) {
+      Fill(pool, 2 * pool_elems_per_kv * 2, 9 + kind, kind);
+      filled = kind;
+    }
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(needed);
+    std::vector<int32_t> lens(r.batch, r.ctx);
+    int32_t *d_table, *d_lens;
+    void *q, *o, *ws;
+    float* lse;
+    const DType q_type = r.kv_type == DType::kFP16 ? DType::kFP16 : DType::kBF16;
+    CUDA_OK(cudaMalloc(&d_table, needed * 4));
+    CUDA_OK(cudaMalloc(&d_lens, r.batch * 4));
+    CUDA_OK(cudaMalloc(&q, size_t{2} * r.batch * r.qo * r.d));
+    CUDA_OK(cudaMalloc(&o, size_t{2} * r.batch * r.qo * r.d));
+    CUDA_OK(cudaMalloc(&lse, size_t{4} * r.batch * r.qo));
+    const GqaDecodeShape shape{r.batch, r.qo, r.kv, r.d, r.bs, bps};
+    const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, q_type, r.kv_type, r.ctx);
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMemcpy(d_table, ids.data(), needed * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_lens, lens.data(), r.batch * 4, cudaMemcpyHostToDevice));
+    Fill(q, size_t{2} * r.batch * r.qo * r.d, 10, q_type == DType::kFP16 ? 1 : 0);
+    const AttentionScales scales{1.0f / std::sqrt(static_cast<float>(r.d)), 1.0f, 1.0f};
+    KernelTuning tuning;
+    tuning.gqa_warps = r.warps;
+    SetKernelTuning(tuning);
+    auto run = [&] {
+      CUDA_OK(GqaDecode(q, q_type, pool, r.kv_type, layout, d_table, d_lens, r.ctx, shape, scales,
+                        o, lse, ws, ws_bytes, s));
+    };
+    const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
+    SetKernelTuning(KernelTuning{});
+    const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +     // K and V
+                         2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
+    const double tbs = bytes / (ms * 1e-3) / 1e12;
+    std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s |\n", r.qo, r.kv, r.d,
+                r.kv_type == DType::kBF16 ? "bf16" : (r.kv_type == DType::kFP16 ? "fp16" : "e4m3"),
+                r.bs, r.batch, r.ctx, ms * 1e3, tbs, tbs / ceil.read_tbs,
+                r.warps == 8 ? " (variant: 8 kv heads per block)" : (r.target ? "" : " (extra)"));
+    std::fflush(stdout);
+    if (csv != nullptr && r.target) {
+      std::fprintf(csv, "gqa,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.qo, r.kv, r.d, r.bs, r.batch,
+                   r.ctx, ms, bytes, ceil.read_tbs);
+    }
+    CUDA_OK(cudaFree(d_table));
+    CUDA_OK(cudaFree(d_lens));
+    CUDA_OK(cudaFree(q));
+    CUDA_OK(cudaFree(o));
+    CUDA_OK(cudaFree(lse));
+    CUDA_OK(cudaFree(ws));
+  }
+  CUDA_OK(cudaFree(pool));
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// MLA decode
+
+void BenchMla(const Options& opt, const Ceiling& ceil) {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int batch = 128, ctx = 8192, bs = 64;
+  const int bps = ctx / bs;
+  const int64_t num_blocks = int64_t{batch} * bps * 2;  // room to shuffle
+  const size_t pool_bytes = size_t{1} * num_blocks * bs * kMlaKDim * 2;
+  void* pool;
+  CUDA_OK(cudaMalloc(&pool, pool_bytes));
+  std::mt19937_64 rng(9);
+  std::printf("\n### MLA decode (batch %d, context %d, block %d, latent 512 + rope 64)\n\n", batch,
+              ctx, bs);
+  std::printf(
+      "| heads | kv | median us | TB/s | vs read ceiling |\n| ---: | --- | ---: | ---: | "
+      "---: |\n");
+  for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
+    Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
+    for (int heads : {16, 32, 64, 128, -16}) {
+      const bool deep = heads < 0;
+      heads = deep ? -heads : heads;
+      const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
+      if (!opt.only.empty()) {
+        char want[64];
+        std::snprintf(want, sizeof(want), "mla:%d:%s", heads, kv_name);
+        if (opt.only != want) continue;
+      }
+      const int eb = DTypeBytes(kv_type);
+      std::vector<int32_t> ids(num_blocks * 2 / eb);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(int64_t{batch} * bps);
+      std::vector<int32_t> lens(batch, ctx);
+      int32_t *d_table, *d_lens;
+      void *q, *o, *ws;
+      float* lse;
+      CUDA_OK(cudaMalloc(&d_table, ids.size() * 4));
+      CUDA_OK(cudaMalloc(&d_lens, batch * 4));
+      CUDA_OK(cudaMalloc(&q, size_t{2} * batch * heads * kMlaKDim));
+      CUDA_OK(cudaMalloc(&o, size_t{2} * batch * heads * kMlaVDim));
+      CUDA_OK(cudaMalloc(&lse, size_t{4} * batch * heads));
+      const MlaDecodeShape shape{batch, heads, bs, bps, int64_t{bs} * kMlaKDim};
+      const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, DType::kBF16, kv_type, ctx);
+      CUDA_OK(cudaMalloc(&ws, ws_bytes));
+      CUDA_OK(cudaMemcpy(d_table, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
+      Fill(q, size_t{2} * batch * heads * kMlaKDim, 12, 0);
+      const AttentionScales scales{1.0f / std::sqrt(192.0f), 1.0f, 1.0f};
+      auto run = [&] {
+        CUDA_OK(MlaDecode(q, DType::kBF16, pool, kv_type, d_table, d_lens, ctx, shape, scales, o,
+                          lse, ws, ws_bytes, s));
+      };
+      KernelTuning tuning;
+      tuning.mla_stages = deep ? 1 : 0;
+      SetKernelTuning(tuning);
+      const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
+      SetKernelTuning(KernelTuning{});
+      const double bytes = double{1} * batch * ctx * kMlaKDim * eb +
+                           2.0 * batch * heads * (kMlaKDim + kMlaVDim) + 4.0 * batch * heads;
+      const double tbs = bytes / (ms * 1e-3) / 1e12;
+      std::printf("| %d | %s | %.1f | %.2f | %.2fx%s |\n", heads, kv_name, ms * 1e3, tbs,
+                  tbs / ceil.read_tbs, deep ? " (variant: 1 block/SM, deep ring)" : "");
+      std::fflush(stdout);
+      CUDA_OK(cudaFree(d_table));
+      CUDA_OK(cudaFree(d_lens));
+      CUDA_OK(cudaFree(q));
+      CUDA_OK(cudaFree(o));
+      CUDA_OK(cudaFree(lse));
+      CUDA_OK(cudaFree(ws));
+    }
+  }
+  CUDA_OK(cudaFree(pool));
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+}  // namespace
+}  // namespace kvpool::kernels
+
+int main(int argc, char** argv) {
+  using namespace kvpool::kernels;
+  Options opt;
+  std::string sections = "copy,gqa,mla";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--csv" && i + 1 < argc) {
+      opt.csv = argv[++i];
+    } else if (a == "--quick") {
+      opt.quick = true;
+    } else if (a == "--sections" && i + 1 < argc) {
+      sections = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      opt.only = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      opt.reps = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(
+          stderr,
+          "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] [--reps N]\n",
+          argv[0]);
+      return 2;
+    }
+  }
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no CUDA device present; nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  int runtime = 0, driver = 0;
+  CUDA_OK(cudaRuntimeGetVersion(&runtime));
+  CUDA_OK(cudaDriverGetVersion(&driver));
+  std::printf("## kvpool-kernels-bench on %s (%d SMs, %.0f MB L2, CUDA runtime %d, driver %d)\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, runtime, driver);
+  FILE* csv = opt.csv.empty() ? nullptr : std::fopen(opt.csv.c_str(), "w");
+  if (!opt.csv.empty() && csv == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", opt.csv.c_str());
+    return 1;
+  }
+  if (csv != nullptr) std::fprintf(csv, "kind,qo,kv,d,bs,batch,ctx,ms,bytes,read_tbs\n");
+  Ceiling ceil;
+  ceil.read_tbs = 4.6;  // placeholder when only one row is profiled
+  if (opt.only.empty()) ceil = MeasureReadCeiling(nullptr, opt);
+  if (sections.find("copy") != std::string::npos) BenchCopies(opt);
+  if (sections.find("gqa") != std::string::npos) BenchGqa(opt, ceil, csv);
+  if (sections.find("mla") != std::string::npos) BenchMla(opt, ceil);
+  if (csv != nullptr) std::fclose(csv);
+  return 0;
+}

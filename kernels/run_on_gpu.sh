@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# On a GPU machine: builds kernels/ standalone (no server stack needed), checks every kernel
+# against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
+# Logs and tables go to $OUT (or ./gpu-out).
+#
+#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [ncu] [ncu-source]
+#   (default: check bench sdpa)
+# ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/gpu-out}
+build=${KVPOOL_KERNELS_BUILD:-/tmp/kvpool-kernels-build}
+steps=${*:-check bench sdpa}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv >"$out/gpu.txt" 2>&1 || true
+generator=(-G Ninja)
+command -v ninja >/dev/null || generator=()
+start=$(date +%s)
+if ! { cmake -S "$root/kernels" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release &&
+       cmake --build "$build" -j "$(nproc)"; } >"$out/build.log" 2>&1; then
+  tail -n 60 "$out/build.log"
+  echo "run_on_gpu: build failed"
+  exit 1
+fi
+echo "run_on_gpu: built in $(($(date +%s) - start)) s"
+rc=0
+if [[ " $steps " == *" check "* ]]; then
+  timeout 300 "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" bench "* ]]; then
+  timeout 400 "$build/kvpool-kernels-bench" --csv "$out/bench.csv" 2>&1 | tee "$out/bench.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
+  timeout 300 python3 "$root/kernels/bench_sdpa.py" "$out/bench.csv" 2>&1 | tee "$out/sdpa.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" ncu "* ]]; then
+  for row in ${NCU_ROWS:-gqa:16:64:8192 mla:32:bf16 mla:16:e4m3}; do
+    echo "=== ncu $row"
+    timeout 240 ncu --clock-control none --launch-skip 3 --launch-count 1 \
+      -k regex:'GqaDecodeKernel|MlaDecodeKernel' --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+      "$build/kvpool-kernels-bench" --only "$row" --reps 2 >"$out/ncu_${row//:/_}.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Issue Slots|No Eligible|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Stall|L2 Hit|Mem Pipes|Executed Ipc A" \
+      "$out/ncu_${row//:/_}.txt" | head -30
+  done
+fi
+if [[ " $steps " == *" ncu-source "* ]]; then
+  # Per-SASS-instruction warp stall samples of one MLA row: where the time goes.
+  row=${NCU_SOURCE_ROW:-mla:32:bf16}
+  timeout 300 ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:MlaDecodeKernel \
+    --section SourceCounters --section WarpStateStats --page source --csv \
+    --print-source sass "$build/kvpool-kernels-bench" --only "$row" --reps 2 \
+    >"$out/ncu_source.csv" 2>&1
+  python3 - "$out/ncu_source.csv" <<'PY' | tee "$out/ncu_source_top.txt"
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"'))
+rows = list(csv.DictReader(lines[start:]))
+cols = rows[0].keys()
+key = next(c for c in cols if "Warp Stall Sampling (All" in c)
+src = next(c for c in cols if c.strip('"') == "Source")
+total = sum(float(r[key] or 0) for r in rows)
+print("total samples", total, "columns:", [c for c in cols if "stall" in c.lower()][:40])
+for r in sorted(rows, key=lambda r: -float(r[key] or 0))[:40]:
+    print("%6.2f%%  %s" % (100 * float(r[key] or 0) / total, r[src][:110]))
+PY
+fi
+echo "run_on_gpu: done in $(($(date +%s) - start)) s, status $rc"
+exit $rc

@@ -1,0 +1,286 @@
+// Each transport that runs here (TCP, shared memory) against real processes: bytes, choice of
+// transport, refusal, restarts and clients that die mid-transfer.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kvpool/client.h"
+#include "proto/error_codes.h"
+#include "tests/harness/cluster.h"
+#include "tests/harness/http_get.h"
+
+namespace kvpool {
+namespace {
+
+using testing::MasterProcess;
+using testing::SegmentProcess;
+
+std::string Value(size_t size, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i + 8 <= size; i += 8) {
+    uint64_t word = rng();
+    std::memcpy(&bytes[i], &word, 8);
+  }
+  for (size_t i = size / 8 * 8; i < size; ++i) bytes[i] = static_cast<char>(rng());
+  return bytes;
+}
+
+std::unique_ptr<Client> Connect(const std::string& master, TransportKind transport) {
+  ClientOptions options;
+  options.master_address = master;
+  options.transport = transport;
+  options.transfer_timeout = absl::Seconds(10);
+  return std::move(Client::Create(options).value());
+}
+
+double Metric(const std::string& text, const std::string& name) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+double SegmentTcpRequests(const SegmentProcess& segment) {
+  std::string text = testing::HttpGet(segment.http, "/metrics").value_or("");
+  return Metric(text, "kvpool_data_requests_total{op=\"write\",transport=\"tcp\"}") +
+         Metric(text, "kvpool_data_requests_total{op=\"read\",transport=\"tcp\"}");
+}
+
+// Round trips of many sizes, gathered from and scattered into several buffers.
+void RoundTrips(Client& client, const std::string& prefix) {
+  for (size_t size : {size_t{1}, size_t{4096}, size_t{65537}, size_t{1} << 20, size_t{16} << 20}) {
+    std::string value = Value(size, static_cast<uint32_t>(size));
+    std::string key = prefix + std::to_string(size);
+    size_t half = size / 2;
+    std::vector<ConstBuffer> parts = {{value.data(), half}, {value.data() + half, size - half}};
+    ASSERT_TRUE(client.Put(key, parts).ok()) << key;
+    std::string back(size, '\0');
+    size_t third = size / 3;
+    std::vector<MutableBuffer> into = {{back.data(), third}, {back.data() + third, size - third}};
+    absl::StatusOr<uint64_t> read = client.Get(key, into);
+    ASSERT_TRUE(read.ok()) << key << ": " << read.status();
+    EXPECT_TRUE(back == value) << key;
+  }
+}
+
+TEST(SharedMemoryTest, SameMachineClientsCopyThroughSharedMemory) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "64MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  RoundTrips(*client, "shm-");
+  EXPECT_EQ(SegmentTcpRequests(*segment), 0) << "bytes went over TCP";
+  std::string metrics = client->MetricsText();
+  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"shm\"}"), 10);
+  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"tcp\"}"), 0);
+  // A TCP-only client reads what the shared-memory one wrote, and the other way round.
+  std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
+  EXPECT_TRUE(*tcp->Get("shm-65537") == Value(65537, 65537));
+  ASSERT_TRUE(tcp->Put("over-tcp", Value(100000, 7)).ok());
+  EXPECT_TRUE(*client->Get("over-tcp") == Value(100000, 7));
+  EXPECT_EQ(SegmentTcpRequests(*segment), 2);
+}
+
+TEST(SharedMemoryTest, RefusedClientFallsBackToTcp) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  // Only uid 4242 may map this pool: not us.
+  absl::StatusOr<SegmentProcess> segment =
+      testing::StartSegment(master->grpc, "64MiB", {"--shm-uids=4242"});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kSharedMemory);
+  RoundTrips(*client, "refused-");
+  EXPECT_EQ(SegmentTcpRequests(*segment), 10);
+  std::string metrics = client->MetricsText();
+  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"shm\"}"), 0);
+}
+
+TEST(SharedMemoryTest, BatchesSpanShmAndTcpSegmentsAtOnce) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> shm = testing::StartSegment(master->grpc, "64MiB");
+  absl::StatusOr<SegmentProcess> tcp_only =
+      testing::StartSegment(master->grpc, "64MiB", {"--shm-socket=none"});
+  ASSERT_TRUE(shm.ok() && tcp_only.ok());
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  std::vector<std::string> values;
+  std::vector<PutItem> puts;
+  for (int i = 0; i < 32; ++i) values.push_back(Value(512 << 10, 100 + i));
+  for (int i = 0; i < 32; ++i) {
+    puts.push_back({"mixed-" + std::to_string(i), {{values[i].data(), values[i].size()}}});
+  }
+  for (const absl::Status& status : client->BatchPut(puts)) ASSERT_TRUE(status.ok()) << status;
+  std::vector<std::string> back(32, std::string(512 << 10, '\0'));
+  std::vector<GetItem> gets;
+  for (int i = 0; i < 32; ++i) gets.push_back({puts[i].key, {{back[i].data(), back[i].size()}}});
+  for (const absl::StatusOr<uint64_t>& read : client->BatchGet(gets)) ASSERT_TRUE(read.ok());
+  for (int i = 0; i < 32; ++i) EXPECT_TRUE(back[i] == values[i]) << i;
+  EXPECT_EQ(SegmentTcpRequests(*shm), 0);
+  EXPECT_GT(SegmentTcpRequests(*tcp_only), 0);
+}
+
+TEST(SharedMemoryTest, ZeroCopyReserveCommitAndGetLocal) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "64MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  client->MapLocalPools();
+  std::vector<MappedPool> pools = client->MappedPools();
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].size, 64u << 20);
+
+  std::vector<std::string> keys = {"zc-0", "zc-1"};
+  std::vector<uint64_t> sizes = {1 << 20, 12345};
+  std::vector<absl::StatusOr<LocalReservation>> reserved = client->BatchReserveLocal(keys, sizes);
+  std::vector<LocalReservation> filled;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(reserved[i].ok()) << reserved[i].status();
+    EXPECT_GE(reserved[i]->data, pools[0].base);
+    EXPECT_LE(reserved[i]->data + sizes[i], pools[0].base + pools[0].size);
+    std::string value = Value(sizes[i], 900 + i);
+    std::memcpy(reserved[i]->data, value.data(), value.size());  // what a GPU copy would do
+    filled.push_back(*reserved[i]);
+  }
+  EXPECT_FALSE(*client->Exists("zc-0")) << "visible before commit";
+  for (const absl::Status& status : client->BatchCommitLocal(filled)) EXPECT_TRUE(status.ok());
+  // Anyone reads them, checksums included; and a local reader gets pointers into the pool.
+  std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
+  EXPECT_TRUE(*tcp->Get("zc-0", {.verify_checksum = true}) == Value(1 << 20, 900));
+  absl::Time lease;
+  std::vector<absl::StatusOr<LocalValue>> local = client->BatchGetLocal(keys, &lease);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(local[i].ok()) << local[i].status();
+    ASSERT_EQ(local[i]->size, sizes[i]);
+    EXPECT_EQ(std::memcmp(local[i]->data, Value(sizes[i], 900 + i).data(), sizes[i]), 0);
+  }
+  EXPECT_GT(lease, absl::Now());
+  EXPECT_EQ(ToErrorCode(client->BatchReserveLocal({"zc-0"}, {std::vector<uint64_t>{10}})[0].status()),
+            v1::OBJECT_ALREADY_EXISTS);
+  // Abandoned reservations vanish.
+  std::vector<absl::StatusOr<LocalReservation>> dropped =
+      client->BatchReserveLocal({"zc-dropped"}, {std::vector<uint64_t>{100}});
+  ASSERT_TRUE(dropped[0].ok());
+  client->BatchAbandonLocal({*dropped[0]});
+  EXPECT_EQ(client->GetClusterStatus()->pending_objects, 0u);
+  EXPECT_EQ(SegmentTcpRequests(*segment), 1);  // only the TCP client's read
+}
+
+TEST(SharedMemoryTest, ZeroCopyNeedsASegmentOnThisMachineThatAdmitsUs) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment =
+      testing::StartSegment(master->grpc, "64MiB", {"--shm-uids=4242"});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  std::vector<absl::StatusOr<LocalReservation>> reserved =
+      client->BatchReserveLocal({"refused"}, {std::vector<uint64_t>{100}});
+  EXPECT_EQ(reserved[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client->GetClusterStatus()->pending_objects, 0u) << "the reservation was kept";
+  ASSERT_TRUE(client->Put("plain", "value").ok());
+  absl::Time lease;
+  EXPECT_EQ(client->BatchGetLocal({"plain"}, &lease)[0].status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+class RestartTest : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(RestartTest, SegmentRestartedMidBatchNeverYieldsWrongBytes) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment =
+      testing::StartSegment(master->grpc, "256MiB", {"--name=restarting"});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::string data = segment->data;
+  std::unique_ptr<Client> client = Connect(master->grpc, GetParam());
+  std::vector<std::string> values;
+  std::vector<PutItem> puts;
+  for (int i = 0; i < 64; ++i) values.push_back(Value(1 << 20, 500 + i));
+  for (int i = 0; i < 64; ++i) {
+    puts.push_back({"r-" + std::to_string(i), {{values[i].data(), values[i].size()}}});
+  }
+  ASSERT_TRUE(client->BatchPut(puts)[0].ok());
+  std::vector<std::string> back(64, std::string(1 << 20, '\0'));
+  std::vector<GetItem> gets;
+  for (int i = 0; i < 64; ++i) gets.push_back({puts[i].key, {{back[i].data(), back[i].size()}}});
+  std::vector<absl::StatusOr<uint64_t>> reads;
+  std::thread reader([&] {
+    for (int round = 0; round < 5; ++round) reads = client->BatchGet(gets);
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  segment->process->Signal(SIGKILL);
+  segment->process->Wait();
+  // Same name, same endpoint, a new process with an empty pool.
+  segment = testing::StartSegment(master->grpc, "256MiB",
+                                  {"--name=restarting", "--listen=" + data});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  reader.join();
+  for (int i = 0; i < 64; ++i) {
+    if (reads[i].ok()) EXPECT_TRUE(back[i] == values[i]) << "wrong bytes for " << puts[i].key;
+  }
+  // The restart dropped the old objects; new ones land in the new pool and read back exactly,
+  // also for a shared-memory client that had mapped the old pool.
+  EXPECT_FALSE(*client->Exists("r-0"));
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(client->Put("new-" + std::to_string(i), values[i]).ok());
+    EXPECT_TRUE(*client->Get("new-" + std::to_string(i)) == values[i]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RestartTest,
+                         ::testing::Values(TransportKind::kTcp, TransportKind::kSharedMemory));
+
+class ClientKilledTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClientKilledTest, ClientKilledMidPutLeavesNothingVisibleAndTheServersServing) {
+  absl::StatusOr<MasterProcess> master =
+      testing::StartMaster({"--embedded-segment-size=0", "--put-timeout=2s"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "512MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::string file = ::testing::TempDir() + "/kvpool_big_value.bin";
+  {
+    std::string big = Value(384 << 20, 3);
+    std::ofstream(file, std::ios::binary).write(big.data(), static_cast<std::streamsize>(big.size()));
+  }
+  // kvpoolctl reads the 384 MiB file and starts writing it; it dies in the middle.
+  std::unique_ptr<testing::Process> ctl = *testing::Process::Start(
+      testing::CtlBinary(),
+      {"--master=" + master->grpc, "--transport=" + GetParam(), "put", "dying", file});
+  absl::SleepFor(absl::Milliseconds(900));
+  ctl->Signal(SIGKILL);
+  ctl->Wait();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  absl::StatusOr<bool> exists = client->Exists("dying");
+  ASSERT_TRUE(exists.ok());
+  if (*exists) {
+    // It finished before the kill: then it must be whole.
+    absl::StatusOr<std::string> value = client->Get("dying", {.verify_checksum = true});
+    ASSERT_TRUE(value.ok()) << value.status();
+  } else {
+    // Its reservation, if it got one, is reclaimed.
+    absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (client->GetClusterStatus()->pending_objects > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    EXPECT_EQ(client->GetClusterStatus()->pending_objects, 0u);
+    EXPECT_EQ(client->GetClusterStatus()->used_bytes, 0u);
+  }
+  RoundTrips(*client, "after-");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClientKilledTest, ::testing::Values("tcp", "shm"));
+
+}  // namespace
+}  // namespace kvpool
