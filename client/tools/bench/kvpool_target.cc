@@ -205,7 +205,12 @@ std::string KvpoolTarget::Describe(const Workload& workload) const {
                         options_.shared_client ? " thread(s), one channel"
                                                : " thread(s), a channel each");
   }
-  return absl::StrCat(options_.transport_name, " transport, ", workload.threads,
+  // Whether shared memory carried the bytes: the pools the client mapped (auto and shm map
+  // same-machine pools that admit it; tcp never does).
+  size_t mapped = client_->MappedPools().size();
+  return absl::StrCat(options_.transport_name, " transport",
+                      mapped > 0 ? absl::StrCat(" (", mapped, " pool(s) mapped)") : "", ", ",
+                      workload.threads,
                       options_.shared_client ? " thread(s) sharing a client"
                                              : " thread(s), a client each",
                       ", ", options_.connections_per_segment, " conn/segment");

@@ -194,10 +194,11 @@ bool WaitForQuiet(double fraction, absl::Duration timeout, const std::vector<pid
 // `process_peak`.
 Result RunOne(System& system, const Workload& workload, const RunOptions& base,
               const std::vector<pid_t>& servers, double quiet_below, uint64_t& process_peak) {
-  Result result{.workload = workload, .system = system.name(), .detail = system.Describe(workload)};
+  Result result{.workload = workload, .system = system.name()};
   RunOptions options = base;
   options.label = absl::StrCat(WorkloadName(workload.kind), " ", system.name());
   if (absl::Status prepared = system.Prepare(workload); !prepared.ok()) {
+    result.detail = system.Describe(workload);
     result.failure = std::string(prepared.message());
     system.Finish(workload);
     return result;
@@ -222,6 +223,7 @@ Result RunOne(System& system, const Workload& workload, const RunOptions& base,
   result.memory_after = ReadMemoryUse(0);
   result.peak_bytes = result.memory_after.peak_bytes;
   process_peak = std::max(process_peak, result.peak_bytes);
+  result.detail = system.Describe(workload);
   workers->clear();
   system.Finish(workload);
   return result;

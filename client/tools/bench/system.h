@@ -48,7 +48,8 @@ class System {
   virtual ~System() = default;
   // "kvpool", "tcp", "memcpy", "redis".
   virtual std::string name() const = 0;
-  // How it runs the workload, for the table: "tcp transport, shared client", "4 connections".
+  // How it ran the workload, for the table: "tcp transport, shared client", "4 connections"
+  // (asked after the run, so it may say what actually happened).
   virtual std::string Describe(const Workload& workload) const = 0;
   // Whether the system has a counterpart of the workload at all (memcpy has no key lookups).
   virtual bool Supports(WorkloadKind kind) const = 0;
