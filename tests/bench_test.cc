@@ -135,8 +135,9 @@ TEST(BenchTest, EveryWorkloadBesideItsBaselines) {
 
 TEST(BenchTest, SingleGetLatencyOverSegmentsAgainstTheRoundTrip) {
   std::vector<std::string> args = QuickFlags();
-  args.insert(args.end(), {"--segments=2", "--workloads=get", "--value-size=4KiB",
-                           "--batch-size=1", "--keys=16", "--baselines=tcp"});
+  args.insert(args.end(), {"--segments=2", "--transport=tcp", "--workloads=get",
+                           "--value-size=4KiB", "--batch-size=1", "--keys=16",
+                           "--baselines=tcp"});
   BenchRun run = RunBench(args);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   json report = json::parse(run.out);
@@ -144,6 +145,7 @@ TEST(BenchTest, SingleGetLatencyOverSegmentsAgainstTheRoundTrip) {
   ASSERT_NE(FindResult(report, "get", "kvpool"), nullptr);
   ASSERT_NE(FindResult(report, "get", "tcp-rtt"), nullptr);
   ExpectSane(*FindResult(report, "get", "kvpool"), true);
+  EXPECT_EQ((*FindResult(report, "get", "kvpool"))["detail"].get<std::string>().rfind("tcp transport,", 0), 0u);
   ExpectSane(*FindResult(report, "get", "tcp"), true);
   ExpectSane(*FindResult(report, "get", "tcp-rtt"), false);
   bool found = false;

@@ -94,6 +94,7 @@ ABSL_FLAG(bool, keep_logs, false, "Keep the started servers' logs even when all 
 
 // Output.
 ABSL_FLAG(bool, json, false, "Print one JSON document instead of the table");
+ABSL_FLAG(std::string, json_out, "", "Also write the JSON document to this file");
 ABSL_FLAG(std::string, progress, "auto",
           "Progress line on stderr: auto (when it is a terminal), on, off");
 ABSL_FLAG(double, quiet_below, 0,
@@ -460,7 +461,13 @@ int Main(int argc, char** argv) {
       {"started_pool", absl::GetFlag(FLAGS_start_pool) ? "true" : "false"},
       {"pool_free_bytes", absl::StrCat(capacity)},
   };
-  std::string out = absl::GetFlag(FLAGS_json) ? FormatJson(report) : FormatTable(report);
+  std::string json = FormatJson(report);
+  if (std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    std::ofstream file(path, std::ios::trunc);
+    file << json;
+    if (!file.good()) std::fprintf(stderr, "kvpool-bench: cannot write %s\n", path.c_str());
+  }
+  std::string out = absl::GetFlag(FLAGS_json) ? json : FormatTable(report);
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
 
