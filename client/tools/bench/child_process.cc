@@ -43,9 +43,11 @@ MemoryUse ReadMemoryUse(pid_t pid) {
   std::ifstream file(path);
   std::string line;
   while (std::getline(file, line)) {
-    uint64_t* field = absl::StartsWith(line, "VmRSS:")   ? &use.rss_bytes
-                      : absl::StartsWith(line, "VmHWM:") ? &use.peak_bytes
-                                                         : nullptr;
+    uint64_t* field = absl::StartsWith(line, "VmRSS:")      ? &use.rss_bytes
+                      : absl::StartsWith(line, "VmHWM:")    ? &use.peak_bytes
+                      : absl::StartsWith(line, "RssAnon:")  ? &use.anon_bytes
+                      : absl::StartsWith(line, "RssShmem:") ? &use.shmem_bytes
+                                                            : nullptr;
     if (field == nullptr) continue;
     std::vector<absl::string_view> words =
         absl::StrSplit(line, ' ', absl::SkipEmpty());  // "VmRSS:", "1234", "kB"

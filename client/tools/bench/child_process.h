@@ -21,6 +21,10 @@ namespace kvpool::bench {
 struct MemoryUse {
   uint64_t rss_bytes = 0;   // VmRSS: resident now
   uint64_t peak_bytes = 0;  // VmHWM: the most ever resident (since the last reset)
+  // Parts of rss_bytes: private memory (RssAnon), and shared memory (RssShmem: a kvpool
+  // pool the process mapped, which the segment owns and counts too).
+  uint64_t anon_bytes = 0;
+  uint64_t shmem_bytes = 0;
 };
 
 // From /proc/PID/status (pid 0: this process); zeros if it cannot be read.

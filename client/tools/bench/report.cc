@@ -30,6 +30,18 @@ std::string FormatRatio(double ratio) { return ratio > 0 ? absl::StrFormat("%.2f
 
 std::string MiB(uint64_t bytes) { return absl::StrFormat("%.0f MiB", static_cast<double>(bytes) / (1 << 20)); }
 
+// "RSS 120 MiB (private 80 MiB)": a mapped pool's pages count in RSS but belong to the segment.
+std::string Resident(const MemoryUse& use) {
+  return absl::StrCat(MiB(use.rss_bytes), " (private ", MiB(use.anon_bytes), ")");
+}
+
+nlohmann::ordered_json MemoryJson(const MemoryUse& use) {
+  return {{"rss_bytes", use.rss_bytes},
+          {"private_bytes", use.anon_bytes},
+          {"shared_bytes", use.shmem_bytes},
+          {"peak_bytes", use.peak_bytes}};
+}
+
 std::string DescribeWorkload(const Workload& w) {
   std::string kind = WorkloadName(w.kind);
   if (w.kind == WorkloadKind::kMetaPut) {
@@ -121,19 +133,20 @@ std::string FormatTable(const Report& report) {
                   "latency over its.\nother: CPU time of the machine that other processes (or "
                   "the hypervisor) took while it ran; above a few percent, numbers are noisy.\n");
   absl::StrAppend(&out, "\nmemory\n");
-  absl::StrAppend(&out, "  bench process: RSS ", MiB(report.client_start.rss_bytes),
-                  " at the start, ", MiB(report.client_end.rss_bytes), " at the end; peak ",
+  absl::StrAppend(&out, "  bench process: RSS ", Resident(report.client_start),
+                  " at the start, ", Resident(report.client_end), " at the end; peak ",
                   MiB(report.client_peak_bytes), " (baselines' buffers included)\n");
   for (const Result& result : report.results) {
     if (result.system != "kvpool" || !result.failure.empty()) continue;
-    absl::StrAppend(&out, "  kvpool client, ", WorkloadName(result.workload.kind),
-                    ": RSS ", MiB(result.memory_before.rss_bytes), " when measuring began, ",
-                    MiB(result.memory_after.rss_bytes), " when it ended; peak ",
+    absl::StrAppend(&out, "  kvpool client, ", WorkloadName(result.workload.kind), ": RSS ",
+                    Resident(result.memory_before), " when measuring began, ",
+                    Resident(result.memory_after), " when it ended; peak ",
                     MiB(result.peak_bytes), "\n");
   }
   for (const ServerMemory& server : report.servers) {
     absl::StrAppend(&out, "  ", server.name, " (pid ", server.pid, "): RSS ",
-                    MiB(server.memory.rss_bytes), ", peak ", MiB(server.memory.peak_bytes), "\n");
+                    Resident(server.start), " at the start, ", Resident(server.end),
+                    " at the end; peak ", MiB(server.end.peak_bytes), "\n");
   }
   for (const std::string& note : report.notes) absl::StrAppend(&out, "note: ", note, "\n");
   return out;
@@ -180,8 +193,8 @@ std::string FormatJson(const Report& report) {
                   {"steal", result.cpu.steal},
                   {"started_noisy", result.noisy}};
     if (result.system == "kvpool") {
-      one["client_memory"] = {{"rss_before_bytes", result.memory_before.rss_bytes},
-                              {"rss_after_bytes", result.memory_after.rss_bytes},
+      one["client_memory"] = {{"before", MemoryJson(result.memory_before)},
+                              {"after", MemoryJson(result.memory_after)},
                               {"peak_bytes", result.peak_bytes}};
     }
     results.push_back(one);
@@ -189,22 +202,26 @@ std::string FormatJson(const Report& report) {
   json["results"] = results;
   nlohmann::ordered_json ratios = nlohmann::ordered_json::array();
   for (const Ratio& ratio : ComputeRatios(report.results)) {
+    // null where the ratio means nothing (a round-trip baseline moves no values).
+    auto number = [](double value) {
+      return value > 0 ? nlohmann::ordered_json(value) : nlohmann::ordered_json(nullptr);
+    };
     ratios.push_back({{"workload", ratio.workload},
                       {"baseline", ratio.baseline},
-                      {"throughput", ratio.throughput},
-                      {"p50_latency", ratio.p50_latency}});
+                      {"throughput", number(ratio.throughput)},
+                      {"p50_latency", number(ratio.p50_latency)}});
   }
   json["ratios"] = ratios;
   nlohmann::ordered_json servers = nlohmann::ordered_json::array();
   for (const ServerMemory& server : report.servers) {
     servers.push_back({{"name", server.name},
                        {"pid", server.pid},
-                       {"rss_bytes", server.memory.rss_bytes},
-                       {"peak_bytes", server.memory.peak_bytes}});
+                       {"start", MemoryJson(server.start)},
+                       {"end", MemoryJson(server.end)}});
   }
   json["memory"] = {{"client",
-                     {{"rss_start_bytes", report.client_start.rss_bytes},
-                      {"rss_end_bytes", report.client_end.rss_bytes},
+                     {{"start", MemoryJson(report.client_start)},
+                      {"end", MemoryJson(report.client_end)},
                       {"peak_bytes", report.client_peak_bytes}}},
                     {"servers", servers}};
   json["notes"] = report.notes;

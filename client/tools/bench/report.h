@@ -46,7 +46,8 @@ struct Ratio {
 struct ServerMemory {
   std::string name;
   int pid = 0;
-  MemoryUse memory;
+  MemoryUse start;  // before the first run
+  MemoryUse end;    // after the last
 };
 
 struct Report {
