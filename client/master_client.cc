@@ -11,6 +11,18 @@ MasterClient::MasterClient(const std::string& address, absl::Duration rpc_timeou
       rpc_timeout_(rpc_timeout),
       stub_(v1::MasterService::NewStub(MakeMasterChannel(address))) {}
 
+std::shared_ptr<v1::MasterService::Stub> MasterClient::Stub() {
+  absl::MutexLock lock(&mu_);
+  return stub_;
+}
+
+void MasterClient::Reconnect() {
+  absl::MutexLock lock(&mu_);
+  if (absl::Now() - reconnected_ < absl::Seconds(1)) return;
+  reconnected_ = absl::Now();
+  stub_ = v1::MasterService::NewStub(MakeMasterChannel(address_));
+}
+
 template <typename Request, typename Response>
 absl::StatusOr<Response> MasterClient::Call(Method<Request, Response> method,
                                             const Request& request, absl::Duration timeout,
@@ -19,7 +31,8 @@ absl::StatusOr<Response> MasterClient::Call(Method<Request, Response> method,
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context.set_wait_for_ready(wait_for_ready);
   Response response;
-  grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  grpc::Status status = (Stub().get()->*method)(&context, request, &response);
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Reconnect();
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

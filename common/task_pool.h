@@ -22,6 +22,8 @@ class TaskPool {
   TaskPool& operator=(const TaskPool&) = delete;
 
   void Run(std::vector<std::function<void()>> tasks) ABSL_LOCKS_EXCLUDED(mu_);
+  // Threads of the pool (the caller's own is not counted).
+  int size() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);

@@ -16,54 +16,14 @@ KvReceiver::KvReceiver(StoreBackend& store, const TokenDatabase& token_database,
 
 KvReceiver::~KvReceiver() { Stop(); }
 
-void KvReceiver::Start() {
-  absl::MutexLock lock(&mu_);
-  if (thread_.joinable() || stopping_) return;
-  thread_ = std::thread([this] { Loop(); });
-}
+void KvReceiver::Start() { worker_.Start(); }
 
-void KvReceiver::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
+void KvReceiver::Stop() { worker_.Stop(); }
 
-void KvReceiver::Loop() {
-  while (true) {
-    ReqMeta request;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](KvReceiver* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return !self->queue_.empty() || self->stopping_;
-          },
-          this));
-      if (queue_.empty()) return;
-      request = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-    }
-    HandleRequest(request);
-    absl::MutexLock lock(&mu_);
-    busy_ = false;
-  }
-}
 
-void KvReceiver::Enqueue(ReqMeta request) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(request));
-}
+void KvReceiver::Enqueue(ReqMeta request) { worker_.Push(std::move(request)); }
 
-void KvReceiver::WaitIdle() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](KvReceiver* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        return self->queue_.empty() && !self->busy_;
-      },
-      this));
-}
+void KvReceiver::WaitIdle() { worker_.WaitIdle(); }
 
 absl::flat_hash_set<std::string> KvReceiver::TakeFinished() {
   absl::MutexLock lock(&mu_);

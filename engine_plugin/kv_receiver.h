@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "common/queue_worker.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "engine_plugin/request.h"
@@ -62,20 +63,17 @@ class KvReceiver {
   KvReceiverStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   StoreBackend& store_;
   const TokenDatabase& token_database_;
   const KvReceiverOptions options_;
 
   mutable absl::Mutex mu_;
-  std::deque<ReqMeta> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<std::string> finished_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> failed_block_ids_ ABSL_GUARDED_BY(mu_);
   KvReceiverStats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  // Handles the enqueued requests, one at a time, in order.
+  QueueWorker<ReqMeta> worker_{[this](ReqMeta& request) { HandleRequest(request); }};
 };
 
 }  // namespace kvpool::engine

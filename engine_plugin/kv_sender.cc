@@ -19,59 +19,19 @@ KvSender::KvSender(StoreBackend& store, const TokenDatabase& token_database,
 
 KvSender::~KvSender() { Stop(); }
 
-void KvSender::Start() {
-  absl::MutexLock lock(&mu_);
-  if (thread_.joinable() || stopping_) return;
-  thread_ = std::thread([this] { Loop(); });
-}
+void KvSender::Start() { worker_.Start(); }
 
-void KvSender::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
+void KvSender::Stop() { worker_.Stop(); }
 
-void KvSender::Loop() {
-  while (true) {
-    ReqMeta request;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](KvSender* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return !self->queue_.empty() || self->stopping_;
-          },
-          this));
-      if (queue_.empty()) return;  // stopping, and everything queued was handled
-      request = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-    }
-    HandleRequest(request);
-    absl::MutexLock lock(&mu_);
-    busy_ = false;
-  }
-}
 
 void KvSender::AddStoredRequest(const std::string& req_id) {
   absl::MutexLock lock(&mu_);
   ++stored_requests_[req_id];
 }
 
-void KvSender::Enqueue(ReqMeta request) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(request));
-}
+void KvSender::Enqueue(ReqMeta request) { worker_.Push(std::move(request)); }
 
-void KvSender::WaitIdle() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](KvSender* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        return self->queue_.empty() && !self->busy_;
-      },
-      this));
-}
+void KvSender::WaitIdle() { worker_.WaitIdle(); }
 
 std::optional<int> KvSender::PendingJobs(const std::string& req_id) const {
   absl::MutexLock lock(&mu_);

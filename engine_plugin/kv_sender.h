@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "common/queue_worker.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
@@ -86,7 +87,6 @@ class KvSender {
   KvSenderStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   void DecStoredRequest(const std::string& req_id) ABSL_LOCKS_EXCLUDED(mu_);
   bool ShouldSkip(const std::string& req_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Returns whether the request was already marked.
@@ -99,14 +99,12 @@ class KvSender {
   const KvSenderOptions options_;
 
   mutable absl::Mutex mu_;
-  std::deque<ReqMeta> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, int> stored_requests_ ABSL_GUARDED_BY(mu_);
   bool pressure_active_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<std::string> skip_requests_ ABSL_GUARDED_BY(mu_);
   KvSenderStats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  // Handles the enqueued requests, one at a time, in order.
+  QueueWorker<ReqMeta> worker_{[this](ReqMeta& request) { HandleRequest(request); }};
 };
 
 }  // namespace kvpool::engine

@@ -67,6 +67,8 @@ class Store : public StoreBackend {
   bool closed() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreConfig& config() const { return config_; }
+  // The client, or null once closed.
+  std::shared_ptr<Client> client() const ABSL_LOCKS_EXCLUDED(mu_);
   // Name and data-plane statistics of the in-process segment, if there is one.
   std::optional<std::string> local_segment_name() const ABSL_LOCKS_EXCLUDED(mu_);
   std::optional<segment::DataServer::Stats> local_segment_stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -74,8 +76,6 @@ class Store : public StoreBackend {
  private:
   Store(StoreConfig config, std::shared_ptr<Client> client,
         std::unique_ptr<segment::Segment> segment);
-  // The client, or null once closed.
-  std::shared_ptr<Client> client() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreConfig config_;
   mutable absl::Mutex mu_;

@@ -2,6 +2,7 @@
 // through the C++ client. Checks contents byte for byte.
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <random>
 #include <string>
@@ -14,24 +15,13 @@
 #include "proto/channel.h"
 #include "proto/error_codes.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/values.h"
 
 namespace kvpool {
 namespace {
 
 using testing::MasterProcess;
 using testing::SegmentProcess;
-
-std::string RandomBytes(size_t size, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string bytes(size, '\0');
-  size_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t word = rng();
-    std::memcpy(&bytes[i], &word, 8);
-  }
-  for (; i < size; ++i) bytes[i] = static_cast<char>(rng());
-  return bytes;
-}
 
 // Cuts [0, size) into `parts` pieces of uneven sizes (some may be empty).
 std::vector<size_t> Cuts(size_t size, int parts, uint32_t seed) {
@@ -97,7 +87,7 @@ TEST_F(PoolTest, ValuesFromOneByteTo64MiBRoundTripAcrossTwoSegments) {
   const std::vector<size_t> sizes = {1,       7,       4096,     65537,    (1 << 20) + 3,
                                      4 << 20, 16 << 20, 33 << 20, 64 << 20};
   for (size_t i = 0; i < sizes.size(); ++i) {
-    RoundTrip("size-" + std::to_string(sizes[i]), RandomBytes(sizes[i], i), 1 + i % 5);
+    RoundTrip("size-" + std::to_string(sizes[i]), testing::RandomValue(sizes[i], i), 1 + i % 5);
   }
   absl::StatusOr<ClusterStatus> status = client_->GetClusterStatus();
   ASSERT_TRUE(status.ok());
@@ -110,7 +100,7 @@ TEST_F(PoolTest, ValuesFromOneByteTo64MiBRoundTripAcrossTwoSegments) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     absl::StatusOr<std::string> value = client_->Get("size-" + std::to_string(sizes[i]));
     ASSERT_TRUE(value.ok());
-    EXPECT_TRUE(*value == RandomBytes(sizes[i], i));
+    EXPECT_TRUE(*value == testing::RandomValue(sizes[i], i));
   }
 }
 
@@ -120,7 +110,7 @@ TEST_F(PoolTest, BatchesOfManyKeysExistAndRemove) {
   std::vector<PutItem> puts;
   std::vector<std::string> keys;
   for (int i = 0; i < kKeys; ++i) {
-    values.push_back(RandomBytes(64 << 10, 1000 + i));
+    values.push_back(testing::RandomValue(64 << 10, 1000 + i));
     keys.push_back("model@tp_rank:0@pcp0@dcp0@pp_rank:0@" + std::to_string(i));
   }
   for (int i = 0; i < kKeys; ++i) {
@@ -173,7 +163,7 @@ TEST_F(PoolTest, SecondPutOfAKeyIsAlreadyExistsAndChangesNothing) {
 }
 
 TEST_F(PoolTest, BuffersSmallerThanTheObjectAreBufferOverflow) {
-  ASSERT_TRUE(client_->Put("big", RandomBytes(1000, 3)).ok());
+  ASSERT_TRUE(client_->Put("big", testing::RandomValue(1000, 3)).ok());
   std::string small(999, '\0');
   MutableBuffer buffer{small.data(), small.size()};
   absl::StatusOr<uint64_t> read = client_->Get("big", absl::MakeConstSpan(&buffer, 1));
@@ -192,7 +182,7 @@ TEST_F(PoolTest, AbandonedPutIsNeverVisible) {
   ASSERT_TRUE(stub->BatchPutStart(&context, start, &reserved).ok());
   ASSERT_EQ(reserved.results(0).code(), 0);
   const v1::Placement& placement = reserved.results(0).placements(0);
-  std::string value = RandomBytes(4096, 9);
+  std::string value = testing::RandomValue(4096, 9);
   client::TcpTransport transport({});
   client::TransferOp write{.opcode = wire::Opcode::kWrite,
                            .endpoint = placement.endpoint(),
@@ -211,7 +201,7 @@ TEST_F(PoolTest, AbandonedPutIsNeverVisible) {
 }
 
 TEST_F(PoolTest, ReplicasLiveOnDistinctSegmentsAndSurviveLosingOne) {
-  std::string value = RandomBytes(1 << 20, 11);
+  std::string value = testing::RandomValue(1 << 20, 11);
   ASSERT_TRUE(client_->Put("replicated", value, PutOptions{.replicas = 2}).ok());
   absl::StatusOr<ClusterStatus> status = client_->GetClusterStatus();
   for (const SegmentStatus& segment : status->segments) EXPECT_EQ(segment.replicas, 1u);
@@ -222,6 +212,23 @@ TEST_F(PoolTest, ReplicasLiveOnDistinctSegmentsAndSurviveLosingOne) {
   absl::StatusOr<std::string> back = client_->Get("replicated");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == value);
+}
+
+TEST(ShutdownTest, SigtermStopsMasterAndSegmentPromptlyAndCleanly) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=8MiB"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "8MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc);
+  ASSERT_TRUE(client->Put("k", "v").ok());
+  absl::SleepFor(absl::Milliseconds(300));  // a heartbeat is parked on the master now
+  for (testing::Process* process : {segment->process.get(), master->process.get()}) {
+    absl::Time signalled = absl::Now();
+    process->Signal(SIGTERM);
+    int status = process->Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_LT(absl::Now() - signalled, absl::Seconds(5));
+  }
 }
 
 TEST(MasterRestartTest, ClientAndSegmentFindARestartedMaster) {

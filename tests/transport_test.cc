@@ -14,6 +14,7 @@
 #include "kvpool/client.h"
 #include "proto/error_codes.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/values.h"
 #include "tests/harness/http_get.h"
 
 namespace kvpool {
@@ -21,17 +22,6 @@ namespace {
 
 using testing::MasterProcess;
 using testing::SegmentProcess;
-
-std::string Value(size_t size, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string bytes(size, '\0');
-  for (size_t i = 0; i + 8 <= size; i += 8) {
-    uint64_t word = rng();
-    std::memcpy(&bytes[i], &word, 8);
-  }
-  for (size_t i = size / 8 * 8; i < size; ++i) bytes[i] = static_cast<char>(rng());
-  return bytes;
-}
 
 std::unique_ptr<Client> Connect(const std::string& master, TransportKind transport) {
   ClientOptions options;
@@ -59,7 +49,7 @@ double SegmentTcpRequests(const SegmentProcess& segment) {
 // Round trips of many sizes, gathered from and scattered into several buffers.
 void RoundTrips(Client& client, const std::string& prefix) {
   for (size_t size : {size_t{1}, size_t{4096}, size_t{65537}, size_t{1} << 20, size_t{16} << 20}) {
-    std::string value = Value(size, static_cast<uint32_t>(size));
+    std::string value = testing::RandomValue(size, static_cast<uint32_t>(size));
     std::string key = prefix + std::to_string(size);
     size_t half = size / 2;
     std::vector<ConstBuffer> parts = {{value.data(), half}, {value.data() + half, size - half}};
@@ -86,9 +76,9 @@ TEST(SharedMemoryTest, SameMachineClientsCopyThroughSharedMemory) {
   EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"tcp\"}"), 0);
   // A TCP-only client reads what the shared-memory one wrote, and the other way round.
   std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
-  EXPECT_TRUE(*tcp->Get("shm-65537") == Value(65537, 65537));
-  ASSERT_TRUE(tcp->Put("over-tcp", Value(100000, 7)).ok());
-  EXPECT_TRUE(*client->Get("over-tcp") == Value(100000, 7));
+  EXPECT_TRUE(*tcp->Get("shm-65537") == testing::RandomValue(65537, 65537));
+  ASSERT_TRUE(tcp->Put("over-tcp", testing::RandomValue(100000, 7)).ok());
+  EXPECT_TRUE(*client->Get("over-tcp") == testing::RandomValue(100000, 7));
   EXPECT_EQ(SegmentTcpRequests(*segment), 2);
 }
 
@@ -116,7 +106,7 @@ TEST(SharedMemoryTest, BatchesSpanShmAndTcpSegmentsAtOnce) {
   std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
   std::vector<std::string> values;
   std::vector<PutItem> puts;
-  for (int i = 0; i < 32; ++i) values.push_back(Value(512 << 10, 100 + i));
+  for (int i = 0; i < 32; ++i) values.push_back(testing::RandomValue(512 << 10, 100 + i));
   for (int i = 0; i < 32; ++i) {
     puts.push_back({"mixed-" + std::to_string(i), {{values[i].data(), values[i].size()}}});
   }
@@ -149,7 +139,7 @@ TEST(SharedMemoryTest, ZeroCopyReserveCommitAndGetLocal) {
     ASSERT_TRUE(reserved[i].ok()) << reserved[i].status();
     EXPECT_GE(reserved[i]->data, pools[0].base);
     EXPECT_LE(reserved[i]->data + sizes[i], pools[0].base + pools[0].size);
-    std::string value = Value(sizes[i], 900 + i);
+    std::string value = testing::RandomValue(sizes[i], 900 + i);
     std::memcpy(reserved[i]->data, value.data(), value.size());  // what a GPU copy would do
     filled.push_back(*reserved[i]);
   }
@@ -157,13 +147,13 @@ TEST(SharedMemoryTest, ZeroCopyReserveCommitAndGetLocal) {
   for (const absl::Status& status : client->BatchCommitLocal(filled)) EXPECT_TRUE(status.ok());
   // Anyone reads them, checksums included; and a local reader gets pointers into the pool.
   std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
-  EXPECT_TRUE(*tcp->Get("zc-0", {.verify_checksum = true}) == Value(1 << 20, 900));
+  EXPECT_TRUE(*tcp->Get("zc-0", {.verify_checksum = true}) == testing::RandomValue(1 << 20, 900));
   absl::Time lease;
   std::vector<absl::StatusOr<LocalValue>> local = client->BatchGetLocal(keys, &lease);
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(local[i].ok()) << local[i].status();
     ASSERT_EQ(local[i]->size, sizes[i]);
-    EXPECT_EQ(std::memcmp(local[i]->data, Value(sizes[i], 900 + i).data(), sizes[i]), 0);
+    EXPECT_EQ(std::memcmp(local[i]->data, testing::RandomValue(sizes[i], 900 + i).data(), sizes[i]), 0);
   }
   EXPECT_GT(lease, absl::Now());
   EXPECT_EQ(ToErrorCode(client->BatchReserveLocal({"zc-0"}, {std::vector<uint64_t>{10}})[0].status()),
@@ -206,7 +196,7 @@ TEST_P(RestartTest, SegmentRestartedMidBatchNeverYieldsWrongBytes) {
   std::unique_ptr<Client> client = Connect(master->grpc, GetParam());
   std::vector<std::string> values;
   std::vector<PutItem> puts;
-  for (int i = 0; i < 64; ++i) values.push_back(Value(1 << 20, 500 + i));
+  for (int i = 0; i < 64; ++i) values.push_back(testing::RandomValue(1 << 20, 500 + i));
   for (int i = 0; i < 64; ++i) {
     puts.push_back({"r-" + std::to_string(i), {{values[i].data(), values[i].size()}}});
   }
@@ -251,7 +241,7 @@ TEST_P(ClientKilledTest, ClientKilledMidPutLeavesNothingVisibleAndTheServersServ
   ASSERT_TRUE(segment.ok()) << segment.status();
   std::string file = ::testing::TempDir() + "/kvpool_big_value.bin";
   {
-    std::string big = Value(384 << 20, 3);
+    std::string big = testing::RandomValue(384 << 20, 3);
     std::ofstream(file, std::ios::binary).write(big.data(), static_cast<std::streamsize>(big.size()));
   }
   // kvpoolctl reads the 384 MiB file and starts writing it; it dies in the middle.

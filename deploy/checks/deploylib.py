@@ -116,14 +116,17 @@ def default_port(binary, flag):
 
 def cmake_binaries():
     """Names of the executables the tree builds for the server image (kvpool_binary and
-    add_executable, no tests). The GPU tools under kernels/ need CUDA, which the image has not."""
+    add_executable, no tests). GPU tools (under kernels/, or built from .cu sources) need CUDA,
+    which the image has not."""
     names = set()
     for path in git_tracked_files():
         f = ROOT / path
         if f.name != "CMakeLists.txt" or f.relative_to(ROOT).parts[0] == "kernels":
             continue
         text = re.sub(r"#[^\n]*", "", f.read_text(encoding="utf-8"))
-        names.update(re.findall(r"kvpool_binary\(\s*([\w-]+)", text))
+        names.update(name for name, sources in
+                     re.findall(r"kvpool_binary\(\s*([\w-]+)\s+SRCS\s+([^)]*?)(?:DEPS|\))", text)
+                     if ".cu" not in sources)
         names.update(n for n in re.findall(r"add_executable\(\s*([\w-]+)", text)
                      if not n.startswith("${"))
     return names

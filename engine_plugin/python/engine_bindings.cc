@@ -60,23 +60,6 @@ TensorDesc ToTensorDesc(py::handle obj, std::string name) {
   return DescribeTensor(obj, std::move(name));
 }
 
-// Tensors from a dict {layer name: tensor}, a list, or one tensor; `objects` gets every
-// Python object (to keep tensors alive while their memory is registered).
-std::vector<TensorDesc> ToTensorDescs(py::handle tensors, std::vector<py::object>* objects) {
-  std::vector<TensorDesc> descs;
-  auto add = [&](py::handle obj, std::string name) {
-    descs.push_back(ToTensorDesc(obj, std::move(name)));
-    if (objects != nullptr) objects->push_back(py::reinterpret_borrow<py::object>(obj));
-  };
-  if (py::isinstance<py::dict>(tensors)) {
-    for (auto [key, value] : tensors.cast<py::dict>()) add(value, py::str(key));
-  } else if (py::isinstance<TensorDesc>(tensors) || py::hasattr(tensors, "data_ptr")) {
-    add(tensors, "");
-  } else {
-    for (py::handle value : tensors) add(value, "");
-  }
-  return descs;
-}
 
 // A block hash as key text: str as is, bytes (vLLM's BlockHash) in hex, else obj.hex().
 std::string HashText(py::handle hash) {
@@ -165,6 +148,22 @@ py::dict ReceiverStats(const KvReceiverStats& s) {
 }
 
 }  // namespace
+
+std::vector<TensorDesc> ToTensorDescs(py::handle tensors, std::vector<py::object>* objects) {
+  std::vector<TensorDesc> descs;
+  auto add = [&](py::handle obj, std::string name) {
+    descs.push_back(ToTensorDesc(obj, std::move(name)));
+    if (objects != nullptr) objects->push_back(py::reinterpret_borrow<py::object>(obj));
+  };
+  if (py::isinstance<py::dict>(tensors)) {
+    for (auto [key, value] : tensors.cast<py::dict>()) add(value, py::str(key));
+  } else if (py::isinstance<TensorDesc>(tensors) || py::hasattr(tensors, "data_ptr")) {
+    add(tensors, "");
+  } else {
+    for (py::handle value : tensors) add(value, "");
+  }
+  return descs;
+}
 
 void BindEngine(py::module_& m) {
   // --- Layout ---

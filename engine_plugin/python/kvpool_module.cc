@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include "engine_plugin/python/engine_bindings.h"
+#include "engine_plugin/python/gpu_bindings.h"
 #include "engine_plugin/python/store_bindings.h"
 #include "kvpool/v1/common.pb.h"
 
@@ -18,6 +19,7 @@ PYBIND11_MODULE(kvpool, m) {
   m.doc() = "kvpool: a distributed KV-cache pool for LLM inference engines";
   kvpool::engine::python::BindStore(m);
   kvpool::engine::python::BindEngine(m);
+  kvpool::engine::python::BindGpu(m);
 
   m.attr("NO_AVAILABLE_HANDLE") = static_cast<int>(kvpool::v1::NO_AVAILABLE_HANDLE);
   m.attr("OBJECT_NOT_FOUND") = static_cast<int>(kvpool::v1::OBJECT_NOT_FOUND);

@@ -191,6 +191,8 @@ int main(int argc, char** argv) {
 
   int signal_number = kvpool::WaitForShutdownSignal();
   KVPOOL_LOG(INFO) << "signal " << signal_number << "; stopping";
+  // Answer the heartbeats and commits the master holds, or the server cannot stop.
+  master.manifest_sync().Close();
   for (kvpool::PeriodicWorker* worker :
        {&segment_monitor, &reservation_reaper, &evictor, &manifest_ticker}) {
     worker->Stop();

@@ -71,7 +71,7 @@ void ManifestSync::Poll(SegmentId segment, absl::Time deadline, std::function<vo
   {
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(segment);
-    if (it == queues_.end() || !it->second.records.empty()) {
+    if (closed_ || it == queues_.end() || !it->second.records.empty()) {
       now = true;
     } else {
       replaced = std::move(it->second.poll);
@@ -86,6 +86,7 @@ void ManifestSync::Poll(SegmentId segment, absl::Time deadline, std::function<vo
 void ManifestSync::Wait(Ticket ticket, absl::Time deadline, std::function<void(bool)> done) {
   {
     absl::MutexLock lock(&mu_);
+    if (closed_) ticket.waits.clear();
     auto waiter = std::make_unique<Waiter>();
     for (const auto& [segment, seq] : ticket.waits) {
       auto it = queues_.find(segment);
@@ -125,6 +126,23 @@ void ManifestSync::Tick(absl::Time now) {
   }
   for (auto& poll : polls) poll();
   for (auto& callback : expired) callback(false);
+}
+
+void ManifestSync::Close() {
+  std::vector<std::function<void()>> polls;
+  std::vector<std::function<void(bool)>> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (auto& [segment, queue] : queues_) {
+      if (queue.poll) polls.push_back(std::move(queue.poll));
+      queue.poll = nullptr;
+    }
+    for (auto& waiter : waiters_) waiting.push_back(std::move(waiter->done));
+    waiters_.clear();
+  }
+  for (auto& poll : polls) poll();
+  for (auto& done : waiting) done(false);
 }
 
 std::vector<std::function<void(bool)>> ManifestSync::ReleaseLocked(SegmentId segment,

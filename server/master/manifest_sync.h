@@ -79,6 +79,10 @@ class ManifestSync {
   // Releases polls and waiters whose deadline passed. Called every few milliseconds.
   void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // For shutdown: answers every parked poll and releases every waiter now, and from here on
+  // parks nothing (a server cannot stop while a call it holds is unanswered).
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Waiter {
     absl::flat_hash_map<SegmentId, uint64_t> remaining;
@@ -99,6 +103,7 @@ class ManifestSync {
 
   absl::Mutex mu_;
   absl::flat_hash_map<SegmentId, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -463,6 +463,31 @@ TEST_F(MasterTest, ManifestRecordsCommitsAndForgetsAndRebuildsTheIndex) {
   EXPECT_EQ(batch.records[0].kind, ManifestRecord::Kind::kForget);
 }
 
+TEST_F(MasterTest, ClosingManifestSyncAnswersParkedPollsAndWaiters) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  SegmentId id = *master_.Heartbeat("a", 1).segment;
+  bool answered = false;
+  master_.manifest_sync().Poll(id, now_ + absl::Hours(1), [&] { answered = true; });
+  PutStartResult started = PutStart("k", 10);
+  // The commit queues a record, which answers the poll; a second poll parks.
+  Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", started.put_id}});
+  EXPECT_TRUE(answered);
+  bool second = false, released = false, durable = true;
+  master_.manifest_sync().Sync(id, 0, 0);
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1), [&](bool ok) {
+    released = true;
+    durable = ok;
+  });
+  ManifestSync::Batch batch = master_.manifest_sync().Sync(id, 0, 100);
+  (void)batch;
+  master_.manifest_sync().Close();
+  EXPECT_TRUE(released);
+  EXPECT_FALSE(durable);
+  // After closing, nothing parks: a poll is answered at once.
+  master_.manifest_sync().Poll(id, now_ + absl::Hours(1), [&] { second = true; });
+  EXPECT_TRUE(second);
+}
+
 TEST_F(MasterTest, EmbeddedSegmentsKeepNoManifest) {
   SegmentInfo info = Segment("e", 1 << 20);
   info.embedded = true;
