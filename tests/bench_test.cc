@@ -45,9 +45,14 @@ bool HaveRedis() {
 
 // The common flags: a small pool, small values, a fraction of a second per run.
 std::vector<std::string> QuickFlags() {
-  return {"--start-pool",        "--pool-size=64MiB",  "--duration=200ms",
-          "--warmup=50ms",       "--memcpy-working-set=64MiB", "--client-buffer=1MiB",
-          "--json",              "--progress=off"};
+  return {"--start-pool",
+          "--pool-size=64MiB",
+          "--duration=200ms",
+          "--warmup=50ms",
+          "--memcpy-working-set=64MiB",
+          "--client-buffer=1MiB",
+          "--json",
+          "--progress=off"};
 }
 
 const json* FindResult(const json& report, const std::string& workload, const std::string& system) {
@@ -81,8 +86,8 @@ TEST(BenchTest, EveryWorkloadBesideItsBaselines) {
   std::string baselines = HaveRedis() ? "tcp,memcpy,redis" : "tcp,memcpy";
   if (!HaveRedis()) std::fprintf(stderr, "redis-server not installed: Redis baseline not tested\n");
   std::vector<std::string> args = QuickFlags();
-  args.insert(args.end(), {"--workloads=get,put,mixed,meta", "--value-size=64KiB",
-                           "--batch-size=4", "--keys=64", "--baselines=" + baselines});
+  args.insert(args.end(), {"--workloads=get,put,mixed,meta", "--value-size=64KiB", "--batch-size=4",
+                           "--keys=64", "--baselines=" + baselines});
   BenchRun run = RunBench(args);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   json report = json::parse(run.out);
@@ -139,8 +144,7 @@ TEST(BenchTest, EveryWorkloadBesideItsBaselines) {
 TEST(BenchTest, SingleGetLatencyOverSegmentsAgainstTheRoundTrip) {
   std::vector<std::string> args = QuickFlags();
   args.insert(args.end(), {"--segments=2", "--transport=tcp", "--workloads=get",
-                           "--value-size=4KiB", "--batch-size=1", "--keys=16",
-                           "--baselines=tcp"});
+                           "--value-size=4KiB", "--batch-size=1", "--keys=16", "--baselines=tcp"});
   BenchRun run = RunBench(args);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   json report = json::parse(run.out);
@@ -148,7 +152,9 @@ TEST(BenchTest, SingleGetLatencyOverSegmentsAgainstTheRoundTrip) {
   ASSERT_NE(FindResult(report, "get", "kvpool"), nullptr);
   ASSERT_NE(FindResult(report, "get", "tcp-rtt"), nullptr);
   ExpectSane(*FindResult(report, "get", "kvpool"), true);
-  EXPECT_EQ((*FindResult(report, "get", "kvpool"))["detail"].get<std::string>().rfind("tcp transport,", 0), 0u);
+  EXPECT_EQ((*FindResult(report, "get", "kvpool"))["detail"].get<std::string>().rfind(
+                "tcp transport,", 0),
+            0u);
   ExpectSane(*FindResult(report, "get", "tcp"), true);
   ExpectSane(*FindResult(report, "get", "tcp-rtt"), false);
   bool found = false;

@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   }
   int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0) {
-    return absl::InternalError(absl::StrCat("cannot create ", log_path, ": ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot create ", log_path, ": ", std::strerror(errno)));
   }
   // Everything the child needs is prepared before fork: after it, only exec-safe calls.
   std::vector<std::string> words = {binary};
@@ -193,13 +194,15 @@ absl::StatusOr<std::string> FindBinary(const std::string& flag_value,
     std::string here = absl::StrCat(dir, "/", candidate);
     if (IsExecutable(here)) return here;
     const char* env_path = std::getenv("PATH");
-    for (absl::string_view entry : absl::StrSplit(env_path ? env_path : "", ':', absl::SkipEmpty())) {
+    for (absl::string_view entry :
+         absl::StrSplit(env_path ? env_path : "", ':', absl::SkipEmpty())) {
       std::string path = absl::StrCat(entry, "/", candidate);
       if (IsExecutable(path)) return path;
     }
   }
-  return absl::NotFoundError(absl::StrCat("cannot find ", candidates.empty() ? "" : candidates.back(),
-                                          " next to ", dir, " or in PATH"));
+  return absl::NotFoundError(absl::StrCat("cannot find ",
+                                          candidates.empty() ? "" : candidates.back(), " next to ",
+                                          dir, " or in PATH"));
 }
 
 }  // namespace kvpool::bench

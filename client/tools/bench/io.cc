@@ -160,7 +160,8 @@ absl::Status WriteAll(int fd, absl::Span<iovec> iov) {
 absl::Status ReadAll(int fd, absl::Span<iovec> iov) {
   size_t first = Consume(iov, 0, 0);
   while (first < iov.size()) {
-    ssize_t n = readv(fd, &iov[first], static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX)));
+    ssize_t n =
+        readv(fd, &iov[first], static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX)));
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) return absl::UnavailableError("connection closed by the peer");
     if (n < 0) return absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno)));

@@ -16,7 +16,9 @@ constexpr uint64_t kMetaValueSize = 64;
 constexpr int kAdminBatch = 256;
 
 std::string WorkingSetPrefix(const Workload& workload) {
-  if (workload.kind == WorkloadKind::kMetaExist) return absl::StrCat("kvb/", workload.run_id, "/meta/");
+  if (workload.kind == WorkloadKind::kMetaExist) {
+    return absl::StrCat("kvb/", workload.run_id, "/meta/");
+  }
   return absl::StrCat("kvb/", workload.run_id, "/v", workload.value_size, "/");
 }
 
@@ -201,19 +203,18 @@ KvpoolTarget::~KvpoolTarget() = default;
 
 std::string KvpoolTarget::Describe(const Workload& workload) const {
   if (workload.kind == WorkloadKind::kMetaPut || workload.kind == WorkloadKind::kMetaExist) {
-    return absl::StrCat("master gRPC, ", workload.threads,
-                        options_.shared_client ? " thread(s), one channel"
-                                               : " thread(s), a channel each");
+    return absl::StrCat(
+        "master gRPC, ", workload.threads,
+        options_.shared_client ? " thread(s), one channel" : " thread(s), a channel each");
   }
   // Whether shared memory carried the bytes: the pools the client mapped (auto and shm map
   // same-machine pools that admit it; tcp never does).
   size_t mapped = client_->MappedPools().size();
-  return absl::StrCat(options_.transport_name, " transport",
-                      mapped > 0 ? absl::StrCat(" (", mapped, " pool(s) mapped)") : "", ", ",
-                      workload.threads,
-                      options_.shared_client ? " thread(s) sharing a client"
-                                             : " thread(s), a client each",
-                      ", ", options_.connections_per_segment, " conn/segment");
+  return absl::StrCat(
+      options_.transport_name, " transport",
+      mapped > 0 ? absl::StrCat(" (", mapped, " pool(s) mapped)") : "", ", ", workload.threads,
+      options_.shared_client ? " thread(s) sharing a client" : " thread(s), a client each", ", ",
+      options_.connections_per_segment, " conn/segment");
 }
 
 absl::StatusOr<std::shared_ptr<Client>> KvpoolTarget::ClientForThread() {
@@ -243,10 +244,10 @@ absl::Status KvpoolTarget::StoreSet(const std::string& prefix, uint64_t count,
     std::vector<absl::Status> results = client_->BatchPut(items, {.pin = PinMode::kSoft});
     for (const absl::Status& status : results) {
       if (status.ok() || absl::IsAlreadyExists(status)) continue;
-      return absl::Status(status.code(),
-                          absl::StrCat("cannot store the working set of ", count, " x ",
-                                       FormatSize(value_size), " (", status.message(),
-                                       "); a larger pool or fewer --keys?"));
+      return absl::Status(
+          status.code(),
+          absl::StrCat("cannot store the working set of ", count, " x ", FormatSize(value_size),
+                       " (", status.message(), "); a larger pool or fewer --keys?"));
     }
   }
   return absl::OkStatus();

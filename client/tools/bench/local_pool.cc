@@ -34,7 +34,8 @@ absl::StatusOr<LocalPool> StartLocalPool(const LocalPoolOptions& options) {
   absl::StatusOr<std::unique_ptr<ChildProcess>> master = ChildProcess::Start(
       "kvpool-master", options.master_binary, args, options.log_dir + "/kvpool-master.log");
   if (!master.ok()) return master.status();
-  absl::StatusOr<std::string> line = (*master)->WaitForLine("kvpool-master listening", kStartTimeout);
+  absl::StatusOr<std::string> line =
+      (*master)->WaitForLine("kvpool-master listening", kStartTimeout);
   if (!line.ok()) return line.status();
   pool.master = Field(*line, "grpc");
   pool.processes.push_back(std::move(*master));

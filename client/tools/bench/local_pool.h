@@ -30,7 +30,7 @@ struct LocalPoolOptions {
 };
 
 struct LocalPool {
-  std::string master;  // gRPC address
+  std::string master;                                    // gRPC address
   std::vector<std::unique_ptr<ChildProcess>> processes;  // master first
 };
 

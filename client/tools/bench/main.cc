@@ -9,7 +9,7 @@
 // Prints a table per workload (GB/s, ops/s, p50/p99/p99.9 latency, kvpool's ratio to each
 // baseline) and the memory used by the client and by the servers it started; --json prints
 // the same as one JSON document. Exit status: 0 done, 1 a run failed or had errors, 2 bad
-// flags or no pool.
+// flags or no pool, 130 interrupted (SIGINT/SIGTERM: what was measured is still printed).
 
 #include <unistd.h>
 
@@ -17,8 +17,8 @@
 #include <fstream>
 #include <memory>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -82,9 +82,11 @@ ABSL_FLAG(bool, start_pool, false,
           "segment, or with --segments) and stop it at the end");
 ABSL_FLAG(kvpool::ByteSize, pool_size, kvpool::ByteSize{4ull << 30},
           "--start-pool: pool bytes in all (touched up front)");
-ABSL_FLAG(int, segments, 0, "--start-pool: kvpool-segment processes (0: the master's embedded one)");
+ABSL_FLAG(int, segments, 0,
+          "--start-pool: kvpool-segment processes (0: the master's embedded one)");
 ABSL_FLAG(int, server_threads, 2, "--start-pool: data-plane threads per segment");
-ABSL_FLAG(std::string, master_bin, "", "--start-pool: kvpool-master (default: next to this binary)");
+ABSL_FLAG(std::string, master_bin, "",
+          "--start-pool: kvpool-master (default: next to this binary)");
 ABSL_FLAG(std::string, segment_bin, "",
           "--start-pool: kvpool-segment (default: next to this binary)");
 ABSL_FLAG(std::string, master_args, "", "--start-pool: extra kvpool-master flags, space-separated");
@@ -213,9 +215,8 @@ Result RunOne(System& system, const Workload& workload, const RunOptions& base,
     system.Finish(workload);
     return result;
   }
-  if (quiet_below > 0 &&
-      !WaitForQuiet(quiet_below, absl::GetFlag(FLAGS_quiet_timeout), servers,
-                    options.progress != ProgressMode::kOff)) {
+  if (quiet_below > 0 && !WaitForQuiet(quiet_below, absl::GetFlag(FLAGS_quiet_timeout), servers,
+                                       options.progress != ProgressMode::kOff)) {
     result.noisy = true;
   }
   process_peak = std::max(process_peak, ReadMemoryUse(0).peak_bytes);
@@ -256,7 +257,8 @@ int Main(int argc, char** argv) {
   if (!(read_fraction >= 0 && read_fraction <= 1)) {
     return UsageError("--read-fraction must be in [0, 1]");
   }
-  if (absl::GetFlag(FLAGS_iterations) == 0 && absl::GetFlag(FLAGS_duration) <= absl::ZeroDuration()) {
+  if (absl::GetFlag(FLAGS_iterations) == 0 &&
+      absl::GetFlag(FLAGS_duration) <= absl::ZeroDuration()) {
     return UsageError("--duration must be above 0 (or give --iterations)");
   }
   ProgressMode progress = ProgressMode::kAuto;
@@ -268,7 +270,8 @@ int Main(int argc, char** argv) {
     return UsageError("--progress is auto, on or off");
   }
   std::vector<std::string> baselines;
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_baselines), ',', absl::SkipEmpty())) {
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_baselines), ',', absl::SkipEmpty())) {
     if (name == "none") continue;
     if (name != "tcp" && name != "memcpy" && name != "redis") {
       return UsageError(absl::StrCat("unknown baseline '", name, "' (tcp, memcpy, redis, none)"));
@@ -279,7 +282,7 @@ int Main(int argc, char** argv) {
   InstallInterruptHandler();
   Report report;
   report.notes.push_back(absl::StrCat("load average at start: ", LoadAverage(), " on ",
-                                       sysconf(_SC_NPROCESSORS_ONLN), " CPUs"));
+                                      sysconf(_SC_NPROCESSORS_ONLN), " CPUs"));
 
   // Logs of the servers the bench starts.
   char log_template[] = "/tmp/kvpool-bench.XXXXXX";
@@ -291,16 +294,14 @@ int Main(int argc, char** argv) {
   LocalPool pool;
   if (absl::GetFlag(FLAGS_start_pool)) {
     LocalPoolOptions options;
-    absl::StatusOr<std::string> master_binary =
-        FindBinary(absl::GetFlag(FLAGS_master_bin),
-                   {"../server/master/kvpool-master", "kvpool-master"});
+    absl::StatusOr<std::string> master_binary = FindBinary(
+        absl::GetFlag(FLAGS_master_bin), {"../server/master/kvpool-master", "kvpool-master"});
     if (!master_binary.ok()) return SetupError(master_binary.status());
     options.master_binary = *master_binary;
     options.segments = absl::GetFlag(FLAGS_segments);
     if (options.segments > 0) {
-      absl::StatusOr<std::string> segment_binary =
-          FindBinary(absl::GetFlag(FLAGS_segment_bin),
-                     {"../server/segment/kvpool-segment", "kvpool-segment"});
+      absl::StatusOr<std::string> segment_binary = FindBinary(
+          absl::GetFlag(FLAGS_segment_bin), {"../server/segment/kvpool-segment", "kvpool-segment"});
       if (!segment_binary.ok()) return SetupError(segment_binary.status());
       options.segment_binary = *segment_binary;
     }
@@ -336,11 +337,14 @@ int Main(int argc, char** argv) {
   // half of the free pool so that puts have room beside it.
   uint64_t keys = absl::GetFlag(FLAGS_keys);
   uint64_t fits = capacity / 2 / value_size;
-  if (keys == 0) keys = std::min<uint64_t>(std::max<uint64_t>((512ull << 20) / value_size, 4ull * batch_size), fits);
   if (keys == 0) {
-    return SetupError(absl::ResourceExhaustedError(absl::StrCat(
-        "the pool has ", FormatSize(capacity), " free: too small for ", FormatSize(value_size),
-        " values")));
+    keys = std::min<uint64_t>(std::max<uint64_t>((512ull << 20) / value_size, 4ull * batch_size),
+                              fits);
+  }
+  if (keys == 0) {
+    return SetupError(absl::ResourceExhaustedError(
+        absl::StrCat("the pool has ", FormatSize(capacity), " free: too small for ",
+                     FormatSize(value_size), " values")));
   }
   if (keys > fits) {
     report.notes.push_back(absl::StrCat("--keys=", keys, " of ", FormatSize(value_size),
@@ -379,7 +383,8 @@ int Main(int argc, char** argv) {
       }
       if (!started.ok()) {
         // Reported in every workload's table; the other systems still run.
-        failures.push_back(Result{.system = "redis", .failure = std::string(started.status().message())});
+        failures.push_back(
+            Result{.system = "redis", .failure = std::string(started.status().message())});
         continue;
       }
       redis = started->get();
@@ -392,19 +397,19 @@ int Main(int argc, char** argv) {
                          .iterations = absl::GetFlag(FLAGS_iterations),
                          .progress = progress};
   std::string run_id = RandomRunId();
-  // Every server the bench started: their CPU time is the run's, not someone else's.
-  std::vector<pid_t> server_pids;
-  for (const std::unique_ptr<ChildProcess>& process : pool.processes) {
-    server_pids.push_back(process->pid());
-  }
-  if (redis != nullptr && redis->process() != nullptr) server_pids.push_back(redis->process()->pid());
+  // Every server the bench started: their memory is reported, and their CPU time is the
+  // run's, not someone else's.
   for (const std::unique_ptr<ChildProcess>& process : pool.processes) {
     report.servers.push_back({.name = process->name(), .pid = process->pid()});
   }
   if (redis != nullptr && redis->process() != nullptr) {
     report.servers.push_back({.name = "redis-server", .pid = redis->process()->pid()});
   }
-  for (ServerMemory& server : report.servers) server.start = ReadMemoryUse(server.pid);
+  std::vector<pid_t> server_pids;
+  for (ServerMemory& server : report.servers) {
+    server.start = ReadMemoryUse(server.pid);
+    server_pids.push_back(server.pid);
+  }
   bool first_run = true;
   uint64_t process_peak = 0;
   for (WorkloadKind kind : *kinds) {
@@ -428,7 +433,8 @@ int Main(int argc, char** argv) {
       Result best;
       int attempts = quiet_below > 0 ? std::max(1, absl::GetFlag(FLAGS_quiet_attempts)) : 1;
       for (int attempt = 0; attempt < attempts && !Interrupted(); ++attempt) {
-        Result result = RunOne(system, workload, run_options, server_pids, quiet_below, process_peak);
+        Result result =
+            RunOne(system, workload, run_options, server_pids, quiet_below, process_peak);
         double others = result.cpu.others + result.cpu.steal;
         if (attempt == 0 || others < best.cpu.others + best.cpu.steal) best = std::move(result);
         if (!best.failure.empty() || others < quiet_below) break;
@@ -507,6 +513,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvpool-bench: some runs failed or had errors; server logs in %s\n",
                  log_dir.c_str());
   }
+  if (Interrupted()) return 130;
   return errors ? 1 : 0;
 }
 

@@ -16,8 +16,8 @@ class CopyWorker : public Worker {
         destination_(destination.data()),
         value_size_(workload.value_size),
         batch_(workload.batch_size),
-        slots_(std::max<uint64_t>(1, std::min(source.size(), destination.size()) /
-                                         workload.value_size)),
+        slots_(std::max<uint64_t>(
+            1, std::min(source.size(), destination.size()) / workload.value_size)),
         // Start the destination half-way round, so source and destination slots differ.
         next_destination_(slots_ / 2) {}
 
@@ -45,8 +45,8 @@ class CopyWorker : public Worker {
 }  // namespace
 
 std::string MemcpyBaseline::Describe(const Workload& workload) const {
-  return absl::StrCat("1 thread, 2 x ", FormatSize(std::max(working_set_bytes_ / 2,
-                                                            workload.value_size)));
+  return absl::StrCat("1 thread, 2 x ",
+                      FormatSize(std::max(working_set_bytes_ / 2, workload.value_size)));
 }
 
 bool MemcpyBaseline::Supports(WorkloadKind kind) const {

@@ -73,7 +73,8 @@ class RespConnection {
     }
     if (length < 0) return absl::NotFoundError("GET answered nil");
     if (static_cast<uint64_t>(length) != size) {
-      return Check(absl::InternalError(absl::StrCat("value of ", length, " bytes, expected ", size)));
+      return Check(
+          absl::InternalError(absl::StrCat("value of ", length, " bytes, expected ", size)));
     }
     uint64_t buffered = std::min<uint64_t>(size, end_ - begin_);
     std::memcpy(target, buffer_.data() + begin_, buffered);
@@ -111,8 +112,9 @@ class RespConnection {
         return absl::OkStatus();
       }
       if (n < 0 && errno == EINTR) continue;
-      return Check(absl::UnavailableError(
-          n == 0 ? "redis closed the connection" : absl::StrCat("receive: ", std::strerror(errno))));
+      return Check(absl::UnavailableError(n == 0
+                                              ? "redis closed the connection"
+                                              : absl::StrCat("receive: ", std::strerror(errno))));
     }
   }
 
@@ -124,7 +126,9 @@ class RespConnection {
   bool broken_ = false;
 };
 
-std::string Bulk(absl::string_view text) { return absl::StrCat("$", text.size(), "\r\n", text, "\r\n"); }
+std::string Bulk(absl::string_view text) {
+  return absl::StrCat("$", text.size(), "\r\n", text, "\r\n");
+}
 
 std::string SetHeader(absl::string_view key, uint64_t value_size) {
   return absl::StrCat("*3\r\n$3\r\nSET\r\n", Bulk(key), "$", value_size, "\r\n");
@@ -149,7 +153,8 @@ absl::Status StoreSet(RespConnection& connection, const std::string& prefix, uin
     uint64_t n = std::min(batch, count - first);
     headers.clear();
     iov.clear();
-    for (uint64_t i = 0; i < n; ++i) headers.push_back(SetHeader(absl::StrCat(prefix, first + i), value_size));
+    for (uint64_t i = 0; i < n; ++i)
+      headers.push_back(SetHeader(absl::StrCat(prefix, first + i), value_size));
     for (uint64_t i = 0; i < n; ++i) {
       iov.push_back(iovec{headers[i].data(), headers[i].size()});
       iov.push_back(iovec{values.data() + i * value_size, value_size});
@@ -223,7 +228,8 @@ class RedisWorker : public Worker {
     size_t first = ring_.NextUnit();
     absl::Status sent = connection_->Send(commands_);
     for (int k = 0; k < count_; ++k) {
-      absl::Status status = sent.ok() ? connection_->ReadBulk(ring_.slot(first + k), value_size_) : sent;
+      absl::Status status =
+          sent.ok() ? connection_->ReadBulk(ring_.slot(first + k), value_size_) : sent;
       Tally(status, value_size_, result);
     }
     return result;
@@ -262,7 +268,8 @@ class RedisWorker : public Worker {
     absl::StatusOr<std::string> reply =
         status.ok() ? connection_->ReadSimple() : absl::StatusOr<std::string>(status);
     int64_t found = 0;
-    if (reply.ok() && (!absl::StartsWith(*reply, ":") || !absl::SimpleAtoi(reply->substr(1), &found))) {
+    if (reply.ok() &&
+        (!absl::StartsWith(*reply, ":") || !absl::SimpleAtoi(reply->substr(1), &found))) {
       reply = absl::InternalError(absl::StrCat("unexpected reply ", *reply));
     }
     if (!reply.ok()) {
@@ -296,7 +303,9 @@ class RedisWorker : public Worker {
 };
 
 std::string SetPrefix(const Workload& workload) {
-  if (workload.kind == WorkloadKind::kMetaExist) return absl::StrCat("kvb:", workload.run_id, ":meta:");
+  if (workload.kind == WorkloadKind::kMetaExist) {
+    return absl::StrCat("kvb:", workload.run_id, ":meta:");
+  }
   return absl::StrCat("kvb:", workload.run_id, ":v", workload.value_size, ":");
 }
 
@@ -318,7 +327,8 @@ RedisBaseline::~RedisBaseline() = default;
 absl::StatusOr<std::unique_ptr<RedisBaseline>> RedisBaseline::Connect(const std::string& address) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(address);
   if (!parsed.ok()) return parsed.status();
-  auto redis = std::unique_ptr<RedisBaseline>(new RedisBaseline(parsed->host, parsed->port, nullptr));
+  auto redis =
+      std::unique_ptr<RedisBaseline>(new RedisBaseline(parsed->host, parsed->port, nullptr));
   absl::StatusOr<std::unique_ptr<RespConnection>> connection = Open(parsed->host, parsed->port, 0);
   if (!connection.ok()) return connection.status();
   if (absl::Status sent = (*connection)->Send("*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n"); !sent.ok()) {
@@ -343,7 +353,7 @@ absl::StatusOr<std::unique_ptr<RedisBaseline>> RedisBaseline::Connect(const std:
 }
 
 absl::StatusOr<std::unique_ptr<RedisBaseline>> RedisBaseline::Launch(const std::string& binary,
-                                                                       const std::string& log_path) {
+                                                                     const std::string& log_path) {
   absl::Status last;
   for (int attempt = 0; attempt < 3; ++attempt) {
     absl::StatusOr<uint16_t> port = FreeLoopbackPort();
@@ -384,7 +394,8 @@ bool RedisBaseline::Supports(WorkloadKind kind) const { return kind != WorkloadK
 
 absl::Status RedisBaseline::Prepare(const Workload& workload) {
   if (workload.kind == WorkloadKind::kPut) return absl::OkStatus();
-  uint64_t value_size = workload.kind == WorkloadKind::kMetaExist ? kMetaValueSize : workload.value_size;
+  uint64_t value_size =
+      workload.kind == WorkloadKind::kMetaExist ? kMetaValueSize : workload.value_size;
   std::string prefix = SetPrefix(workload);
   for (const auto& [stored, count] : stored_) {
     if (stored == prefix && count >= workload.keys) return absl::OkStatus();
@@ -397,18 +408,21 @@ absl::Status RedisBaseline::Prepare(const Workload& workload) {
 
 absl::StatusOr<std::vector<std::unique_ptr<Worker>>> RedisBaseline::MakeWorkers(
     const Workload& workload) {
-  int lanes = workload.kind == WorkloadKind::kMetaExist ? 1 : std::min(workload.lanes, workload.batch_size);
+  int lanes =
+      workload.kind == WorkloadKind::kMetaExist ? 1 : std::min(workload.lanes, workload.batch_size);
   int connections = Connections(workload);
   Workload lane_workload = workload;
   lane_workload.lanes = lanes;
   uint64_t put_slots = std::max<uint64_t>(1, workload.keys / connections);
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < connections; ++i) {
-    absl::StatusOr<std::unique_ptr<RespConnection>> connection = Open(host_, port_, workload.value_size);
+    absl::StatusOr<std::unique_ptr<RespConnection>> connection =
+        Open(host_, port_, workload.value_size);
     if (!connection.ok()) return connection.status();
     int lane = i % lanes;
     int count = workload.batch_size / lanes + (lane < workload.batch_size % lanes ? 1 : 0);
-    std::string put_prefix = absl::StrCat("kvb:", workload.run_id, ":p", workload.value_size, ":", i, ":");
+    std::string put_prefix =
+        absl::StrCat("kvb:", workload.run_id, ":p", workload.value_size, ":", i, ":");
     if (workload.kind == WorkloadKind::kPut || workload.kind == WorkloadKind::kMixed) {
       stored_.emplace_back(put_prefix, put_slots);
     }

@@ -1,6 +1,6 @@
 #include "client/tools/bench/report.h"
 
-#include <map>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,7 +28,9 @@ std::string FormatMicros(uint64_t nanos) {
 
 std::string FormatRatio(double ratio) { return ratio > 0 ? absl::StrFormat("%.2fx", ratio) : "-"; }
 
-std::string MiB(uint64_t bytes) { return absl::StrFormat("%.0f MiB", static_cast<double>(bytes) / (1 << 20)); }
+std::string MiB(uint64_t bytes) {
+  return absl::StrFormat("%.0f MiB", static_cast<double>(bytes) / (1 << 20));
+}
 
 // "RSS 120 MiB (private 80 MiB)": a mapped pool's pages count in RSS but belong to the segment.
 std::string Resident(const MemoryUse& use) {
@@ -115,16 +117,17 @@ std::string FormatTable(const Report& report) {
       }
     }
     absl::StrAppend(
-        &out, absl::StrFormat("  %-10s %8s %10.0f %9s %9s %9s %7d %9s %9s %5.0f%%  %s\n",
-                              result.system,
-                              s.bytes > 0 ? absl::StrFormat("%.3f", GigabytesPerSecond(s)) : "-",
-                              OpsPerSecond(s), FormatMicros(s.latency.Quantile(0.5)),
-                              FormatMicros(s.latency.Quantile(0.99)),
-                              FormatMicros(s.latency.Quantile(0.999)), s.errors, throughput_ratio,
-                              latency_ratio, (result.cpu.others + result.cpu.steal) * 100,
-                              result.detail));
+        &out,
+        absl::StrFormat(
+            "  %-10s %8s %10.0f %9s %9s %9s %7d %9s %9s %5.0f%%  %s\n", result.system,
+            s.bytes > 0 ? absl::StrFormat("%.3f", GigabytesPerSecond(s)) : "-", OpsPerSecond(s),
+            FormatMicros(s.latency.Quantile(0.5)), FormatMicros(s.latency.Quantile(0.99)),
+            FormatMicros(s.latency.Quantile(0.999)), s.errors, throughput_ratio, latency_ratio,
+            (result.cpu.others + result.cpu.steal) * 100, result.detail));
     if (s.errors > 0) absl::StrAppend(&out, "    first error: ", s.first_error, "\n");
-    if (result.noisy) absl::StrAppend(&out, "    (the machine was not quiet when this run began)\n");
+    if (result.noisy) {
+      absl::StrAppend(&out, "    (the machine was not quiet when this run began)\n");
+    }
   }
   absl::StrAppend(&out,
                   "\nGB/s is 10^9 bytes of values per second; ops are values (keys for meta-*); "
@@ -133,15 +136,15 @@ std::string FormatTable(const Report& report) {
                   "latency over its.\nother: CPU time of the machine that other processes (or "
                   "the hypervisor) took while it ran; above a few percent, numbers are noisy.\n");
   absl::StrAppend(&out, "\nmemory\n");
-  absl::StrAppend(&out, "  bench process: RSS ", Resident(report.client_start),
-                  " at the start, ", Resident(report.client_end), " at the end; peak ",
-                  MiB(report.client_peak_bytes), " (baselines' buffers included)\n");
+  absl::StrAppend(&out, "  bench process: RSS ", Resident(report.client_start), " at the start, ",
+                  Resident(report.client_end), " at the end; peak ", MiB(report.client_peak_bytes),
+                  " (baselines' buffers included)\n");
   for (const Result& result : report.results) {
     if (result.system != "kvpool" || !result.failure.empty()) continue;
     absl::StrAppend(&out, "  kvpool client, ", WorkloadName(result.workload.kind), ": RSS ",
                     Resident(result.memory_before), " when measuring began, ",
-                    Resident(result.memory_after), " when it ended; peak ",
-                    MiB(result.peak_bytes), "\n");
+                    Resident(result.memory_after), " when it ended; peak ", MiB(result.peak_bytes),
+                    "\n");
   }
   for (const ServerMemory& server : report.servers) {
     absl::StrAppend(&out, "  ", server.name, " (pid ", server.pid, "): RSS ",

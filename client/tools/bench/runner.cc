@@ -7,9 +7,6 @@
 #include <cstdio>
 #include <thread>
 
-#include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
-
 namespace kvpool::bench {
 namespace {
 
@@ -109,9 +106,9 @@ RunStats RunWorkers(const std::vector<std::unique_ptr<Worker>>& workers,
   }
   const int64_t measure_start = NowNanos();
   phase.store(kMeasure, std::memory_order_release);
-  const int64_t measure_end =
-      options.iterations > 0 ? INT64_MAX
-                             : measure_start + absl::ToInt64Nanoseconds(options.duration);
+  const int64_t measure_end = options.iterations > 0
+                                  ? INT64_MAX
+                                  : measure_start + absl::ToInt64Nanoseconds(options.duration);
   uint64_t last_bytes = 0, last_ops = 0;
   int64_t last_at = measure_start;
   while (NowNanos() < measure_end && !Interrupted() &&

@@ -60,8 +60,7 @@ struct RunStats {
   Histogram latency;
 };
 
-RunStats RunWorkers(const std::vector<std::unique_ptr<Worker>>& workers,
-                    const RunOptions& options);
+RunStats RunWorkers(const std::vector<std::unique_ptr<Worker>>& workers, const RunOptions& options);
 
 // SIGINT and SIGTERM end the current run early (its results still count) and skip the rest;
 // a second signal exits at once.

@@ -4,11 +4,16 @@ namespace kvpool::bench {
 
 std::string WorkloadName(WorkloadKind kind) {
   switch (kind) {
-    case WorkloadKind::kGet: return "get";
-    case WorkloadKind::kPut: return "put";
-    case WorkloadKind::kMixed: return "mixed";
-    case WorkloadKind::kMetaPut: return "meta-put";
-    case WorkloadKind::kMetaExist: return "meta-exist";
+    case WorkloadKind::kGet:
+      return "get";
+    case WorkloadKind::kPut:
+      return "put";
+    case WorkloadKind::kMixed:
+      return "mixed";
+    case WorkloadKind::kMetaPut:
+      return "meta-put";
+    case WorkloadKind::kMetaExist:
+      return "meta-exist";
   }
   return "?";
 }

@@ -96,8 +96,7 @@ class PingWorker : public Worker {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TcpBaseline>> TcpBaseline::Start(int socket_buffer_bytes,
-                                                                 bool rtt) {
+absl::StatusOr<std::unique_ptr<TcpBaseline>> TcpBaseline::Start(int socket_buffer_bytes, bool rtt) {
   uint16_t port = 0;
   absl::StatusOr<int> fd = ListenLoopback(&port);
   if (!fd.ok()) return fd.status();
