@@ -1,0 +1,344 @@
+#include "client/tools/bench/kvpool_target.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/master_client.h"
+#include "client/tools/bench/io.h"
+#include "common/size.h"
+#include "kvpool/v1/master.pb.h"
+
+namespace kvpool::bench {
+namespace {
+
+constexpr uint64_t kMetaValueSize = 64;
+constexpr int kAdminBatch = 256;
+
+std::string WorkingSetPrefix(const Workload& workload) {
+  if (workload.kind == WorkloadKind::kMetaExist) {
+    return absl::StrCat("kvb/", workload.run_id, "/meta/");
+  }
+  return absl::StrCat("kvb/", workload.run_id, "/v", workload.value_size, "/");
+}
+
+// Counts a call's per-value results into `result`.
+void Tally(const absl::Status& status, uint64_t bytes, OpResult& result) {
+  if (status.ok()) {
+    ++result.ops;
+    result.bytes += bytes;
+    return;
+  }
+  ++result.errors;
+  if (result.error.empty()) {
+    result.error = absl::StrCat(ErrorCodeName(ToErrorCode(status)), ": ", status.message());
+  }
+}
+
+// get, put and mixed: one BatchGet or BatchPut per call.
+class DataWorker : public Worker {
+ public:
+  DataWorker(std::shared_ptr<Client> client, const Workload& workload, std::string set_prefix,
+             std::string put_prefix, std::atomic<uint64_t>& next_put, bool verify, uint64_t seed)
+      : client_(std::move(client)),
+        kind_(workload.kind),
+        read_fraction_(workload.read_fraction),
+        value_size_(workload.value_size),
+        keys_(workload.keys),
+        set_prefix_(std::move(set_prefix)),
+        put_prefix_(std::move(put_prefix)),
+        next_put_(next_put),
+        get_options_{.verify_checksum = verify},
+        ring_(workload.client_buffer_bytes, workload.value_size, workload.batch_size,
+              static_cast<uint8_t>(seed)),
+        random_(seed),
+        gets_(workload.batch_size),
+        puts_(workload.batch_size) {
+    for (GetItem& item : gets_) item.parts.resize(1);
+    for (PutItem& item : puts_) item.parts.resize(1);
+  }
+
+  OpResult RunOnce() override {
+    bool get = kind_ == WorkloadKind::kGet ||
+               (kind_ == WorkloadKind::kMixed && random_.Uniform() < read_fraction_);
+    size_t first = ring_.NextUnit();
+    OpResult result;
+    if (get) {
+      for (size_t k = 0; k < gets_.size(); ++k) {
+        gets_[k].key = absl::StrCat(set_prefix_, random_.Below(keys_));
+        gets_[k].parts[0] = MutableBuffer{ring_.slot(first + k), value_size_};
+      }
+      std::vector<absl::StatusOr<uint64_t>> got = client_->BatchGet(gets_, get_options_);
+      for (const absl::StatusOr<uint64_t>& one : got) {
+        Tally(one.status(), one.value_or(0), result);
+      }
+    } else {
+      for (size_t k = 0; k < puts_.size(); ++k) {
+        puts_[k].key = absl::StrCat(put_prefix_, next_put_.fetch_add(1, std::memory_order_relaxed));
+        puts_[k].parts[0] = ConstBuffer{ring_.slot(first + k), value_size_};
+      }
+      std::vector<absl::Status> put = client_->BatchPut(puts_);
+      for (const absl::Status& one : put) Tally(one, value_size_, result);
+    }
+    return result;
+  }
+
+ private:
+  const std::shared_ptr<Client> client_;
+  const WorkloadKind kind_;
+  const double read_fraction_;
+  const uint64_t value_size_;
+  const uint64_t keys_;
+  const std::string set_prefix_;
+  const std::string put_prefix_;
+  std::atomic<uint64_t>& next_put_;
+  const GetOptions get_options_;
+  SlotRing ring_;
+  Random random_;
+  std::vector<GetItem> gets_;
+  std::vector<PutItem> puts_;
+};
+
+// meta-put: reserve a batch of new keys, then revoke the reservations (no bytes move).
+class ReserveWorker : public Worker {
+ public:
+  ReserveWorker(std::shared_ptr<client::MasterClient> master, const Workload& workload,
+                std::string prefix)
+      : master_(std::move(master)), prefix_(std::move(prefix)) {
+    for (int k = 0; k < workload.batch_size; ++k) start_.add_sizes(workload.value_size);
+    start_.set_replica_num(1);
+  }
+
+  OpResult RunOnce() override {
+    start_.clear_keys();
+    for (int k = 0; k < start_.sizes_size(); ++k) start_.add_keys(absl::StrCat(prefix_, next_++));
+    OpResult result;
+    absl::StatusOr<v1::BatchPutStartResponse> reserved = master_->BatchPutStart(start_);
+    if (!reserved.ok()) {
+      Tally(reserved.status(), 0, result);
+      result.errors = start_.keys_size();
+      return result;
+    }
+    v1::BatchPutRevokeRequest revoke;
+    for (int k = 0; k < reserved->results_size(); ++k) {
+      const v1::PutStartResult& one = reserved->results(k);
+      if (one.code() != v1::OK) {
+        ++result.errors;
+        if (result.error.empty()) {
+          result.error = absl::StrCat(ErrorCodeName(one.code()), ": ", one.message());
+        }
+        continue;
+      }
+      v1::PutEndItem* item = revoke.add_items();
+      item->set_key(start_.keys(k));
+      item->set_put_id(one.put_id());
+    }
+    absl::StatusOr<v1::BatchPutRevokeResponse> revoked = master_->BatchPutRevoke(revoke);
+    for (int k = 0; k < revoke.items_size(); ++k) {
+      Tally(revoked.ok() ? absl::OkStatus() : revoked.status(), 0, result);
+    }
+    return result;
+  }
+
+ private:
+  const std::shared_ptr<client::MasterClient> master_;
+  const std::string prefix_;
+  v1::BatchPutStartRequest start_;
+  uint64_t next_ = 0;
+};
+
+// meta-exist: BatchExist of keys of the working set.
+class ExistWorker : public Worker {
+ public:
+  ExistWorker(std::shared_ptr<Client> client, const Workload& workload, std::string prefix,
+              uint64_t seed)
+      : client_(std::move(client)),
+        keys_(workload.keys),
+        prefix_(std::move(prefix)),
+        random_(seed),
+        batch_(workload.batch_size) {}
+
+  OpResult RunOnce() override {
+    for (std::string& key : batch_) key = absl::StrCat(prefix_, random_.Below(keys_));
+    OpResult result;
+    for (const absl::StatusOr<bool>& one : client_->BatchExist(batch_)) {
+      absl::Status status = one.status();
+      if (status.ok() && !*one) status = absl::NotFoundError("a stored key does not exist");
+      Tally(status, 0, result);
+    }
+    return result;
+  }
+
+ private:
+  const std::shared_ptr<Client> client_;
+  const uint64_t keys_;
+  const std::string prefix_;
+  Random random_;
+  std::vector<std::string> batch_;
+};
+
+ClientOptions MakeClientOptions(const KvpoolTargetOptions& options) {
+  ClientOptions client;
+  client.master_address = options.master;
+  client.transport = options.transport;
+  client.connections_per_segment = options.connections_per_segment;
+  client.verify_checksums = options.verify_checksums;
+  return client;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvpoolTarget>> KvpoolTarget::Connect(
+    const KvpoolTargetOptions& options) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(MakeClientOptions(options));
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<KvpoolTarget>(
+      new KvpoolTarget(options, std::shared_ptr<Client>(std::move(*client))));
+}
+
+KvpoolTarget::KvpoolTarget(KvpoolTargetOptions options, std::shared_ptr<Client> client)
+    : options_(std::move(options)), client_(std::move(client)) {}
+
+KvpoolTarget::~KvpoolTarget() = default;
+
+std::string KvpoolTarget::Describe(const Workload& workload) const {
+  if (workload.kind == WorkloadKind::kMetaPut || workload.kind == WorkloadKind::kMetaExist) {
+    return absl::StrCat(
+        "master gRPC, ", workload.threads,
+        options_.shared_client ? " thread(s), one channel" : " thread(s), a channel each");
+  }
+  // Whether shared memory carried the bytes: the pools the client mapped (auto and shm map
+  // same-machine pools that admit it; tcp never does).
+  size_t mapped = client_->MappedPools().size();
+  return absl::StrCat(
+      options_.transport_name, " transport",
+      mapped > 0 ? absl::StrCat(" (", mapped, " pool(s) mapped)") : "", ", ", workload.threads,
+      options_.shared_client ? " thread(s) sharing a client" : " thread(s), a client each", ", ",
+      options_.connections_per_segment, " conn/segment");
+}
+
+absl::StatusOr<std::shared_ptr<Client>> KvpoolTarget::ClientForThread() {
+  if (options_.shared_client) return client_;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(MakeClientOptions(options_));
+  if (!client.ok()) return client.status();
+  return std::shared_ptr<Client>(std::move(*client));
+}
+
+absl::Status KvpoolTarget::StoreSet(const std::string& prefix, uint64_t count,
+                                    uint64_t value_size) {
+  int batch = static_cast<int>(std::clamp<uint64_t>((256 << 20) / value_size, 1, kAdminBatch));
+  Buffer values(static_cast<size_t>(batch) * value_size, 0x3C);
+  std::vector<PutItem> items;
+  bool known = false;
+  for (const auto& [stored, n] : stored_sets_) known = known || (stored == prefix && n >= count);
+  if (!known) stored_sets_.emplace_back(prefix, count);
+  for (uint64_t first = 0; first < count; first += batch) {
+    items.clear();
+    for (uint64_t i = first; i < std::min<uint64_t>(count, first + batch); ++i) {
+      // Each value differs (its index in the first bytes), as real KV blocks do.
+      uint8_t* value = values.data() + (i - first) * value_size;
+      std::memcpy(value, &i, std::min<uint64_t>(sizeof(i), value_size));
+      items.push_back(PutItem{absl::StrCat(prefix, i), {ConstBuffer{value, value_size}}});
+    }
+    // Soft-pinned: the puts of a put or mixed run evict each other, not the values gets read.
+    std::vector<absl::Status> results = client_->BatchPut(items, {.pin = PinMode::kSoft});
+    for (const absl::Status& status : results) {
+      if (status.ok() || absl::IsAlreadyExists(status)) continue;
+      return absl::Status(
+          status.code(),
+          absl::StrCat("cannot store the working set of ", count, " x ", FormatSize(value_size),
+                       " (", status.message(), "); a larger pool or fewer --keys?"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvpoolTarget::Prepare(const Workload& workload) {
+  put_prefix_ = absl::StrCat("kvb/", workload.run_id, "/p/");
+  switch (workload.kind) {
+    case WorkloadKind::kGet:
+    case WorkloadKind::kMixed:
+      return StoreSet(WorkingSetPrefix(workload), workload.keys, workload.value_size);
+    case WorkloadKind::kMetaExist:
+      return StoreSet(WorkingSetPrefix(workload), workload.keys, kMetaValueSize);
+    case WorkloadKind::kPut:
+    case WorkloadKind::kMetaPut:
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
+    const Workload& workload) {
+  while (next_put_.size() < static_cast<size_t>(workload.threads)) {
+    next_put_.push_back(std::make_unique<std::atomic<uint64_t>>(0));
+    first_kept_.push_back(0);
+  }
+  std::shared_ptr<client::MasterClient> shared_master;
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int t = 0; t < workload.threads; ++t) {
+    uint64_t seed = static_cast<uint64_t>(t) * 7919 + 17;
+    switch (workload.kind) {
+      case WorkloadKind::kGet:
+      case WorkloadKind::kPut:
+      case WorkloadKind::kMixed: {
+        absl::StatusOr<std::shared_ptr<Client>> client = ClientForThread();
+        if (!client.ok()) return client.status();
+        workers.push_back(std::make_unique<DataWorker>(
+            *client, workload, WorkingSetPrefix(workload), absl::StrCat(put_prefix_, t, "/"),
+            *next_put_[t], options_.verify_checksums, seed));
+        break;
+      }
+      case WorkloadKind::kMetaExist: {
+        absl::StatusOr<std::shared_ptr<Client>> client = ClientForThread();
+        if (!client.ok()) return client.status();
+        workers.push_back(
+            std::make_unique<ExistWorker>(*client, workload, WorkingSetPrefix(workload), seed));
+        break;
+      }
+      case WorkloadKind::kMetaPut: {
+        std::shared_ptr<client::MasterClient> master = shared_master;
+        if (master == nullptr) {
+          master = std::make_shared<client::MasterClient>(options_.master, absl::Seconds(10));
+          if (options_.shared_client) shared_master = master;
+        }
+        workers.push_back(std::make_unique<ReserveWorker>(
+            master, workload, absl::StrCat("kvb/", workload.run_id, "/r/", t, "/")));
+        break;
+      }
+    }
+  }
+  return workers;
+}
+
+void KvpoolTarget::Finish(const Workload& workload) {
+  if (workload.kind != WorkloadKind::kPut && workload.kind != WorkloadKind::kMixed) return;
+  std::vector<std::string> keys;
+  for (size_t t = 0; t < next_put_.size(); ++t) {
+    uint64_t end = next_put_[t]->load();
+    for (uint64_t seq = first_kept_[t]; seq < end; ++seq) {
+      keys.push_back(absl::StrCat(put_prefix_, t, "/", seq));
+      if (keys.size() == 1024 || seq + 1 == end) {
+        (void)client_->BatchRemove(keys, /*force=*/true);
+        keys.clear();
+      }
+    }
+    first_kept_[t] = end;
+  }
+}
+
+void KvpoolTarget::Cleanup() {
+  std::vector<std::string> keys;
+  for (const auto& [prefix, count] : stored_sets_) {
+    for (uint64_t i = 0; i < count; ++i) {
+      keys.push_back(absl::StrCat(prefix, i));
+      if (keys.size() == 1024 || i + 1 == count) {
+        (void)client_->BatchRemove(keys, /*force=*/true);
+        keys.clear();
+      }
+    }
+  }
+  stored_sets_.clear();
+}
+
+}  // namespace kvpool::bench
