@@ -69,14 +69,31 @@ struct Client::Impl {
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
-  // Step G2: reads the located objects `wanted` (indices into `located`, answered at
-  // `located_at`) into their target buffers, trying replicas on this host first, then the
-  // others, until one succeeds, and sets their results. `targets[i]` must hold
-  // located.results(i).size() bytes. Checks checksums when asked, and always for a read that
-  // finished after its lease ran out (LEASE_EXPIRED if the bytes changed).
-  void ReadLocated(const v1::BatchGetReplicaListResponse& located, absl::Time located_at,
-                   std::vector<size_t> wanted, const std::vector<std::vector<iovec>>& targets,
-                   const GetOptions& options, std::vector<absl::StatusOr<uint64_t>>& results);
+  // A key's answer from the master, or from the location cache within the lease that
+  // answer granted: while it runs the object can be neither evicted nor removed (unless
+  // forced), so its placement still holds.
+  struct Located {
+    std::string key;
+    v1::GetResult result;
+    absl::Time lease_expiry;
+    bool cached = false;
+  };
+
+  // Step G1 for `keys`: from the cache where a lease has at least kCacheMargin to run, from
+  // the master (one call) for the rest. A whole-call failure is the status.
+  absl::StatusOr<std::vector<Located>> Locate(absl::Span<const std::string> keys)
+      ABSL_LOCKS_EXCLUDED(cache_mu);
+  void ForgetLocations(absl::Span<const std::string> keys) ABSL_LOCKS_EXCLUDED(cache_mu);
+
+  // Step G2: reads the located objects `wanted` (indices into `located`) into their target
+  // buffers, trying replicas on this host first, then the others, until one succeeds, and
+  // sets their results. `targets[i]` must hold located[i].result.size() bytes. Checks
+  // checksums when asked, always for a cached location, and always for a read that finished
+  // after its lease ran out (LEASE_EXPIRED if the bytes changed). A cached location that
+  // fails is forgotten and answered LEASE_EXPIRED, which the callers retry with the master.
+  void ReadLocated(const std::vector<Located>& located, std::vector<size_t> wanted,
+                   const std::vector<std::vector<iovec>>& targets, const GetOptions& options,
+                   std::vector<absl::StatusOr<uint64_t>>& results);
 
   // Steps P1 to P3 for a batch.
   std::vector<absl::Status> BatchPutOnce(absl::Span<const PutItem> items,
@@ -108,11 +125,18 @@ struct Client::Impl {
   std::vector<uint64_t> Checksums(const std::vector<std::vector<iovec>>& values);
   TaskPool workers{static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u)) - 1};
 
+  // Locations within their lease, by key (see Located). Bounded: cleared when full.
+  static constexpr size_t kMaxCachedLocations = size_t{1} << 16;
+  static constexpr absl::Duration kCacheMargin = absl::Seconds(2);
+  absl::Mutex cache_mu;
+  absl::flat_hash_map<std::string, Located> locations ABSL_GUARDED_BY(cache_mu);
+
   // Metrics (ClientMetrics, MetricsText): whole calls, and the bytes of the keys that made it.
   LatencyHistogram put_latency;
   LatencyHistogram get_latency;
   std::atomic<uint64_t> bytes_put{0};
   std::atomic<uint64_t> bytes_got{0};
+  std::atomic<uint64_t> location_cache_hits{0};
 };
 
 std::vector<uint64_t> Client::Impl::Checksums(const std::vector<std::vector<iovec>>& values) {
@@ -174,6 +198,9 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
                    static_cast<double>(transport.rdma_ops), {{"transport", "rdma"}});
   families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
                    static_cast<double>(transport.tcp_ops), {{"transport", "tcp"}});
+  families.Counter("kvpool_client_location_cache_hits_total",
+                   "Keys located from the client's lease cache instead of the master.",
+                   static_cast<double>(impl.location_cache_hits.load()));
   return families.Take();
 }
 
@@ -191,21 +218,67 @@ std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) {
   return order;
 }
 
-void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
-                               absl::Time located_at, std::vector<size_t> wanted,
+absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
+    absl::Span<const std::string> keys) {
+  std::vector<Located> located(keys.size());
+  std::vector<size_t> missing;
+  absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&cache_mu);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = options.cache_locations ? locations.find(keys[i]) : locations.end();
+      if (it != locations.end() && it->second.lease_expiry - kCacheMargin > now) {
+        located[i] = it->second;
+        location_cache_hits.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        located[i].key = keys[i];
+        missing.push_back(i);
+      }
+    }
+  }
+  if (missing.empty()) return located;
+  v1::BatchGetReplicaListRequest request;
+  for (size_t i : missing) request.add_keys(keys[i]);
+  absl::StatusOr<v1::BatchGetReplicaListResponse> answer = master.BatchGetReplicaList(request);
+  if (answer.ok() && answer->results_size() != static_cast<int>(missing.size())) {
+    answer = CountMismatch(answer->results_size(), missing.size());
+  }
+  if (!answer.ok()) return answer.status();
+  absl::MutexLock lock(&cache_mu);
+  if (locations.size() > kMaxCachedLocations) locations.clear();
+  for (size_t k = 0; k < missing.size(); ++k) {
+    Located& entry = located[missing[k]];
+    entry.result = std::move(*answer->mutable_results(static_cast<int>(k)));
+    entry.lease_expiry = now + absl::Milliseconds(entry.result.lease_ttl_ms());
+    if (options.cache_locations && entry.result.code() == v1::OK) {
+      Located& cached = locations[entry.key];
+      cached = entry;
+      cached.cached = true;
+    }
+  }
+  return located;
+}
+
+void Client::Impl::ForgetLocations(absl::Span<const std::string> keys) {
+  absl::MutexLock lock(&cache_mu);
+  for (const std::string& key : keys) locations.erase(key);
+}
+
+void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<size_t> wanted,
                                const std::vector<std::vector<iovec>>& targets,
                                const GetOptions& get_options,
                                std::vector<absl::StatusOr<uint64_t>>& results) {
   std::vector<std::vector<int>> order(results.size());
   std::vector<size_t> tried(results.size(), 0);
-  for (size_t i : wanted) order[i] = ReplicaOrder(located.results(static_cast<int>(i)));
+  for (size_t i : wanted) order[i] = ReplicaOrder(located[i].result);
   std::vector<size_t> waiting = std::move(wanted);
+  std::vector<std::string> stale;
   absl::Time deadline = TransferDeadline();
   while (!waiting.empty()) {
     std::vector<TransferOp> ops;
     std::vector<size_t> owners;
     for (size_t i : waiting) {
-      const v1::GetResult& result = located.results(static_cast<int>(i));
+      const v1::GetResult& result = located[i].result;
       const v1::Placement& replica = result.replicas(order[i][tried[i]++]);
       absl::StatusOr<wire::Token> token = TokenFrom(replica.token());
       if (!token.ok() || replica.length() != result.size()) {
@@ -228,10 +301,11 @@ void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
     absl::Time finished = absl::Now();
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
-      const v1::GetResult& result = located.results(static_cast<int>(i));
+      const v1::GetResult& result = located[i].result;
       if (ops[k].status.ok()) {
-        bool lease_ran_out = finished > located_at + absl::Milliseconds(result.lease_ttl_ms());
-        bool check = (get_options.verify_checksum || options.verify_checksums || lease_ran_out) &&
+        bool lease_ran_out = finished > located[i].lease_expiry;
+        bool check = (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
+                      located[i].cached) &&
                      result.checksum() != 0;
         if (check && wire::Checksum(targets[i]) != result.checksum()) {
           results[i] = lease_ran_out
@@ -250,8 +324,16 @@ void Client::Impl::ReadLocated(const v1::BatchGetReplicaListResponse& located,
       } else {
         results[i] = ops[k].status;
       }
+      if (!results[i].ok() && located[i].cached) {
+        // The answer is old (the object was force-removed, its segment lost or drained):
+        // forget it and let the caller's LEASE_EXPIRED retry ask the master afresh.
+        stale.push_back(located[i].key);
+        results[i] = ErrorStatus(v1::LEASE_EXPIRED,
+                                 absl::StrCat("cached location failed: ", results[i].status().message()));
+      }
     }
   }
+  if (!stale.empty()) ForgetLocations(stale);
 }
 
 std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetOnce(absl::Span<const GetItem> items,
@@ -260,20 +342,16 @@ std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetOnce(absl::Span<cons
   std::vector<absl::StatusOr<uint64_t>> results(n, uint64_t{0});
   if (n == 0) return results;
   // Step G1: where the replicas are.
-  v1::BatchGetReplicaListRequest request;
-  for (const GetItem& item : items) request.add_keys(item.key);
-  absl::Time located_at = absl::Now();
-  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-      master.BatchGetReplicaList(request);
-  if (located.ok() && located->results_size() != static_cast<int>(n)) {
-    located = CountMismatch(located->results_size(), n);
-  }
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (const GetItem& item : items) keys.push_back(item.key);
+  absl::StatusOr<std::vector<Located>> located = Locate(keys);
   if (!located.ok()) return std::vector<absl::StatusOr<uint64_t>>(n, located.status());
 
   std::vector<std::vector<iovec>> targets(n);
   std::vector<size_t> wanted;
   for (size_t i = 0; i < n; ++i) {
-    const v1::GetResult& result = located->results(static_cast<int>(i));
+    const v1::GetResult& result = (*located)[i].result;
     if (result.code() != v1::OK) {
       results[i] = FromErrorCode(result.code(), result.message());
       continue;
@@ -293,8 +371,7 @@ std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetOnce(absl::Span<cons
     targets[i] = Truncated(items[i].parts, result.size());
     wanted.push_back(i);
   }
-  ReadLocated(*located, located_at, std::move(wanted), targets, options, results);
-
+  ReadLocated(*located, std::move(wanted), targets, options, results);
   return results;
 }
 
@@ -460,23 +537,17 @@ absl::StatusOr<std::string> Client::Impl::GetValue(absl::string_view key,
   // The size is known only once the master answers: ask, allocate, then read. A read that
   // lost its lease (LEASE_EXPIRED) is retried once with a fresh answer.
   absl::Status status;
+  std::string k(key);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    v1::BatchGetReplicaListRequest request;
-    request.add_keys(std::string(key));
-    absl::Time located_at = absl::Now();
-    absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-        master.BatchGetReplicaList(request);
-    if (located.ok() && located->results_size() != 1) {
-      located = CountMismatch(located->results_size(), 1);
-    }
+    absl::StatusOr<std::vector<Located>> located = Locate(absl::MakeConstSpan(&k, 1));
     if (!located.ok()) return located.status();
-    const v1::GetResult& result = located->results(0);
+    const v1::GetResult& result = (*located)[0].result;
     if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
     if (result.replicas().empty()) return absl::InternalError("master gave no replica");
     std::string value(result.size(), '\0');
     std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
     std::vector<absl::StatusOr<uint64_t>> results(1);
-    ReadLocated(*located, located_at, {0}, targets, options, results);
+    ReadLocated(*located, {0}, targets, options, results);
     if (results[0].ok()) return value;
     status = results[0].status();
     if (ToErrorCode(status) != v1::LEASE_EXPIRED) break;
@@ -551,6 +622,7 @@ absl::Status Client::Remove(absl::string_view key, bool force) {
 }
 
 std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys, bool force) {
+  impl_->ForgetLocations(keys);
   v1::BatchRemoveRequest request;
   request.set_force(force);
   for (const std::string& key : keys) request.add_keys(key);
@@ -568,6 +640,10 @@ std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys
 }
 
 absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
+  {
+    absl::MutexLock lock(&impl_->cache_mu);
+    impl_->locations.clear();
+  }
   v1::RemoveAllRequest request;
   request.set_force(force);
   absl::StatusOr<v1::RemoveAllResponse> response = impl_->master.RemoveAll(request);

@@ -76,6 +76,11 @@ struct ClientOptions {
   std::string rdma_device;
   // Check every value read against its writer's checksum (see GetOptions).
   bool verify_checksums = false;
+  // Reuse the master's answer for a key (where its replicas are) while the lease that answer
+  // granted has more than 2 s to run, instead of asking again: a repeated get then costs one
+  // data-plane round trip. The lease keeps the object from being evicted or removed
+  // meanwhile; only a forced remove by another client could pull it away.
+  bool cache_locations = true;
   // This machine's host name as segments advertise it: replicas on this host are read
   // first, and PutOptions::prefer_local_segment puts new objects here. Default: hostname.
   std::string local_host;
