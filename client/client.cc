@@ -401,8 +401,11 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
       owners.push_back(i);
     }
   }
+  // The checksums are computed while the bytes move.
+  std::vector<uint64_t> checksums;
+  std::thread summing([&] { checksums = Checksums(gathered); });
   transport->Execute(absl::MakeSpan(ops), TransferDeadline());
-  std::vector<uint64_t> checksums = Checksums(gathered);
+  summing.join();
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!ops[k].status.ok() && results[owners[k]].ok()) results[owners[k]] = ops[k].status;
   }

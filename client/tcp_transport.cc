@@ -20,6 +20,9 @@ absl::Status TransferError(const std::string& endpoint, const absl::Status& caus
       v1::TRANSFER_FAIL);
 }
 
+// Buffers per gathered send of pipelined requests (SendAll splits at IOV_MAX itself).
+constexpr size_t kMaxSendParts = 1024;
+
 void FailAll(absl::Span<TransferOp* const> ops, const absl::Status& status) {
   for (TransferOp* op : ops) op->status = status;
 }
@@ -94,8 +97,12 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& e
   std::vector<iovec> iov;
   size_t sent = 0;
   while (result.answered < ops.size()) {
+    // Every request the window allows goes out in one gathered send.
+    iov.clear();
     while (sent < ops.size() && sent - result.answered < window) {
       TransferOp& op = *ops[sent];
+      size_t parts = 1 + (op.opcode == wire::Opcode::kWrite ? op.iov.size() : 0);
+      if (!iov.empty() && iov.size() + parts > kMaxSendParts) break;
       uint8_t* header = &headers[(sent % window) * wire::kRequestHeaderSize];
       wire::EncodeRequest({.opcode = op.opcode,
                            .request_id = sent,
@@ -103,11 +110,13 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& e
                            .length = op.length,
                            .token = op.token},
                           header);
-      iov.assign(1, iovec{header, wire::kRequestHeaderSize});
+      iov.push_back(iovec{header, wire::kRequestHeaderSize});
       if (op.opcode == wire::Opcode::kWrite) iov.insert(iov.end(), op.iov.begin(), op.iov.end());
+      ++sent;
+    }
+    if (!iov.empty()) {
       result.io_error = SendAll(fd, absl::MakeSpan(iov), deadline);
       if (!result.io_error.ok()) return result;
-      ++sent;
     }
     TransferOp& op = *ops[result.answered];
     uint8_t response[wire::kResponseHeaderSize];

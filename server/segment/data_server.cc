@@ -32,8 +32,11 @@ struct ServerState {
   LatencyHistogram read_latency, write_latency;
 };
 
-// One client connection. Requests are handled one after another, so at most one
-// asynchronous operation is outstanding and no strand is needed.
+// One client connection. Its requests are handled in order, in rounds: a round takes every
+// complete request already received (a client pipelines many), checks each, and answers them
+// all with one gathered write (READ data straight from the pool). A WRITE's payload is read
+// straight into the pool. At most one asynchronous operation is outstanding, so no strand is
+// needed.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(tcp::socket socket, ServerState& server)
@@ -41,85 +44,156 @@ class Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ignored;
     peer_ = absl::StrCat(socket_.remote_endpoint(ignored).address().to_string(ignored), ":",
                          socket_.remote_endpoint(ignored).port());
+    answers_.reserve(kMaxAnswers);
   }
 
-  void Start() { ReadHeader(); }
+  void Start() { Receive(); }
 
  private:
-  void ReadHeader() {
-    asio::async_read(socket_, asio::buffer(header_),
-                     [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                       self->OnHeader(ec, n);
-                     });
+  // Bytes of requests read ahead; a round answers at most kMaxAnswers requests or
+  // kMaxRoundBytes of READ data.
+  static constexpr size_t kInputBytes = 16 << 10;
+  static constexpr size_t kMaxAnswers = 256;
+  static constexpr uint64_t kMaxRoundBytes = 64 << 20;
+
+  struct Answer {
+    std::array<uint8_t, wire::kResponseHeaderSize> header;
+    const uint8_t* data = nullptr;  // READ data in the pool, or `extra`
+    size_t length = 0;
+    std::string extra;  // an error reason or an RDMA connect answer
+    absl::Time started;
+    LatencyHistogram* latency = nullptr;
+  };
+
+  size_t Buffered() const { return end_ - begin_; }
+
+  void Receive() {
+    if (begin_ > 0) {
+      std::memmove(input_.data(), input_.data() + begin_, Buffered());
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    socket_.async_read_some(asio::buffer(input_.data() + end_, input_.size() - end_),
+                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                              self->OnReceive(ec, n);
+                            });
   }
 
-  void OnHeader(boost::system::error_code ec, size_t n) {
+  void OnReceive(boost::system::error_code ec, size_t n) {
     if (ec) {
-      if (ec != asio::error::eof || n != 0) {
-        KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-header (" << n
-                            << " of " << wire::kRequestHeaderSize << " bytes): " << ec.message();
+      if (ec != asio::error::eof || Buffered() != 0) {
+        KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-request ("
+                            << Buffered() << " bytes of a request): " << ec.message();
       }
       return;
     }
-    started_ = absl::Now();
-    absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header_.data());
-    if (!request.ok()) {
-      Reject(0, v1::INVALID_PARAMS, absl::StrCat("malformed frame: ", request.status().message()),
-             server_.rejected_malformed);
+    end_ += n;
+    Process();
+  }
+
+  // Handles every complete request buffered, then answers them or reads more.
+  void Process() {
+    uint64_t round_bytes = 0;
+    while (Buffered() >= wire::kRequestHeaderSize && answers_.size() < kMaxAnswers &&
+           round_bytes < kMaxRoundBytes && !closing_) {
+      const uint8_t* header = input_.data() + begin_;
+      absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header);
+      if (!request.ok()) {
+        Reject(0, v1::INVALID_PARAMS, absl::StrCat("malformed frame: ", request.status().message()),
+               server_.rejected_malformed);
+        break;
+      }
+      request_ = *request;
+      if (request_.opcode == wire::Opcode::kRdmaConnect) {
+        if (Buffered() < wire::kRequestHeaderSize + wire::kRdmaPayloadSize) break;  // need more
+        begin_ += wire::kRequestHeaderSize;
+        RdmaConnect(input_.data() + begin_);
+        begin_ += wire::kRdmaPayloadSize;
+        continue;
+      }
+      begin_ += wire::kRequestHeaderSize;
+      if (request_.opcode == wire::Opcode::kPing) {
+        Queue(0, nullptr, 0, nullptr);
+        continue;
+      }
+      // Step P2/G2 (segment side): check the range and the capability before any byte moves.
+      if (!Check()) break;
+      uint8_t* range = server_.pool.data() + request_.offset;
+      if (request_.opcode == wire::Opcode::kRead) {
+        // Counted when the answer is queued: a client may have it before the write completes.
+        server_.reads.fetch_add(1, std::memory_order_relaxed);
+        server_.bytes_read.fetch_add(request_.length, std::memory_order_relaxed);
+        Queue(0, range, request_.length, &server_.read_latency);
+        round_bytes += request_.length;
+        continue;
+      }
+      // WRITE: the master granted this range to a new object, so what the manifest had there
+      // is gone. What of the payload is buffered is copied; the rest is read straight in.
+      if (server_.manifest != nullptr) {
+        server_.manifest->DropOverlapping(request_.offset, request_.length);
+      }
+      write_started_ = absl::Now();
+      size_t buffered = std::min<uint64_t>(Buffered(), request_.length);
+      std::memcpy(range, input_.data() + begin_, buffered);
+      begin_ += buffered;
+      if (buffered < request_.length) {
+        asio::async_read(socket_, asio::buffer(range + buffered, request_.length - buffered),
+                         [self = shared_from_this(), buffered](boost::system::error_code ec,
+                                                               size_t n) {
+                           self->OnPayload(ec, buffered + n);
+                         });
+        return;
+      }
+      WriteDone(request_.length);
+    }
+    if (!answers_.empty()) {
+      Flush();
+    } else if (!closing_) {
+      Receive();
+    }
+  }
+
+  void OnPayload(boost::system::error_code ec, size_t n) {
+    if (ec) {
+      KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write (" << n
+                          << " of " << request_.length << " bytes): " << ec.message();
       return;
     }
-    request_ = *request;
-    // Step P2/G2 (segment side): check the range and the capability before any byte moves.
-    if (request_.opcode == wire::Opcode::kPing) {
-      Respond(0, 0);
-      return;
-    }
-    if (request_.opcode == wire::Opcode::kRdmaConnect) {
-      asio::async_read(socket_, asio::buffer(rdma_payload_),
-                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                         if (!ec) self->OnRdmaConnect();
-                       });
-      return;
-    }
+    WriteDone(n);
+    Process();
+  }
+
+  void WriteDone(size_t n) {
+    server_.writes.fetch_add(1, std::memory_order_relaxed);
+    server_.bytes_written.fetch_add(n, std::memory_order_relaxed);
+    server_.write_latency.Observe(absl::Now() - write_started_);
+    Queue(0, nullptr, 0, nullptr);
+  }
+
+  // The range lies in the pool and the token grants it; else the request is rejected.
+  bool Check() {
     bool write = request_.opcode == wire::Opcode::kWrite;
     if (!server_.pool.Contains(request_.offset, request_.length)) {
       Reject(request_.request_id, write ? v1::INVALID_WRITE : v1::INVALID_READ,
              absl::StrCat("range [", request_.offset, ", +", request_.length,
                           ") is outside the pool of ", server_.pool.size(), " bytes"),
              server_.rejected_range);
-      return;
+      return false;
     }
-    if (server_.options.require_token) {
-      absl::Status granted = wire::VerifyToken(server_.secret, request_, absl::Now());
-      if (!granted.ok()) {
-        bool expired = granted.code() == absl::StatusCode::kDeadlineExceeded;
-        Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
-               absl::StrCat(granted.message(), expired ? (write ? " (reservation timed out)"
-                                                                 : " (lease ran out)")
-                                                       : ""),
-               expired ? server_.rejected_expired : server_.rejected_token);
-        return;
-      }
-    }
-    uint8_t* range = server_.pool.data() + request_.offset;
-    if (write) {
-      // The master granted this range to a new object: what the manifest had there is gone.
-      if (server_.manifest != nullptr) {
-        server_.manifest->DropOverlapping(request_.offset, request_.length);
-      }
-      asio::async_read(socket_, asio::buffer(range, request_.length),
-                       [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                         self->OnPayload(ec, n);
-                       });
-    } else {
-      SendRead(range);
-    }
+    if (!server_.options.require_token) return true;
+    absl::Status granted = wire::VerifyToken(server_.secret, request_, absl::Now());
+    if (granted.ok()) return true;
+    bool expired = granted.code() == absl::StatusCode::kDeadlineExceeded;
+    Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
+           absl::StrCat(granted.message(),
+                        expired ? (write ? " (reservation timed out)" : " (lease ran out)") : ""),
+           expired ? server_.rejected_expired : server_.rejected_token);
+    return false;
   }
 
   // A client asks for a queue pair; it must hold a grant of this segment (any range).
-  void OnRdmaConnect() {
-    absl::StatusOr<wire::RdmaConnect> connect =
-        wire::DecodeRdmaConnect(rdma_payload_.data(), /*answer=*/false);
+  void RdmaConnect(const uint8_t* payload) {
+    absl::StatusOr<wire::RdmaConnect> connect = wire::DecodeRdmaConnect(payload, /*answer=*/false);
     if (!connect.ok()) {
       Reject(request_.request_id, v1::INVALID_PARAMS, connect.status().message(),
              server_.rejected_malformed);
@@ -147,81 +221,82 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     queue_pair_ = std::move(accepted->queue_pair);  // lives as long as this connection
+    std::string answer(wire::kRdmaPayloadSize, '\0');
     wire::EncodeRdmaConnect({.granted_opcode = wire::Opcode{0}, .info = accepted->info},
-                            rdma_payload_.data());
-    wire::EncodeResponse({0, request_.request_id, wire::kRdmaPayloadSize}, response_.data());
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(response_),
-                                                 asio::buffer(rdma_payload_)};
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (!ec) self->ReadHeader();
-                      });
+                            reinterpret_cast<uint8_t*>(answer.data()));
+    QueueExtra(0, std::move(answer));
   }
 
-  void OnPayload(boost::system::error_code ec, size_t n) {
-    if (ec) {
-      KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write (" << n
-                          << " of " << request_.length << " bytes): " << ec.message();
-      return;
-    }
-    server_.writes.fetch_add(1, std::memory_order_relaxed);
-    server_.bytes_written.fetch_add(n, std::memory_order_relaxed);
-    server_.write_latency.Observe(absl::Now() - started_);
-    Respond(0, 0);
+  void Queue(int32_t status, const uint8_t* data, size_t length, LatencyHistogram* latency) {
+    Answer& answer = answers_.emplace_back();
+    wire::EncodeResponse({status, request_.request_id, length}, answer.header.data());
+    answer.data = data;
+    answer.length = length;
+    answer.started = absl::Now();
+    answer.latency = latency;
   }
 
-  void SendRead(const uint8_t* range) {
-    wire::EncodeResponse({0, request_.request_id, request_.length}, response_.data());
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(response_),
-                                                 asio::buffer(range, request_.length)};
-    // Counted when the answer starts: a client may have it before the write completes here.
-    server_.reads.fetch_add(1, std::memory_order_relaxed);
-    server_.bytes_read.fetch_add(request_.length, std::memory_order_relaxed);
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (ec) return;
-                        self->server_.read_latency.Observe(absl::Now() - self->started_);
-                        self->ReadHeader();
-                      });
-  }
-
-  void Respond(int32_t status, uint64_t length) {
-    wire::EncodeResponse({status, request_.request_id, length}, response_.data());
-    asio::async_write(socket_, asio::buffer(response_),
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (!ec) self->ReadHeader();
-                      });
+  void QueueExtra(int32_t status, std::string extra) {
+    Queue(status, nullptr, extra.size(), nullptr);
+    Answer& answer = answers_.back();
+    answer.extra = std::move(extra);
   }
 
   // Answers with an error and the reason, then closes the connection: after a bad frame the
-  // stream cannot be trusted to be in step.
+  // stream cannot be trusted to be in step. Requests before it are answered first.
   void Reject(uint64_t request_id, int32_t code, absl::string_view reason,
               std::atomic<uint64_t>& counter) {
     counter.fetch_add(1, std::memory_order_relaxed);
     KVPOOL_LOG(WARNING) << "rejected request from " << peer_ << " (" << ErrorCodeName(code)
                         << "): " << reason << "; closing the connection";
-    error_message_ = std::string(reason.substr(0, wire::kMaxErrorMessage));
-    wire::EncodeResponse({code, request_id, error_message_.size()}, response_.data());
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(response_),
-                                                 asio::buffer(error_message_)};
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this()](boost::system::error_code, size_t) {
-                        boost::system::error_code ignored;
-                        self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
-                        self->socket_.close(ignored);
+    request_.request_id = request_id;
+    QueueExtra(code, std::string(reason.substr(0, wire::kMaxErrorMessage)));
+    closing_ = true;
+  }
+
+  // One gathered write of every queued answer.
+  void Flush() {
+    gather_.clear();
+    for (const Answer& answer : answers_) {
+      gather_.push_back(asio::buffer(answer.header));
+      if (answer.length == 0) continue;
+      gather_.push_back(answer.extra.empty() ? asio::buffer(answer.data, answer.length)
+                                             : asio::buffer(answer.extra));
+    }
+    asio::async_write(socket_, gather_,
+                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                        self->OnFlushed(ec);
                       });
+  }
+
+  void OnFlushed(boost::system::error_code ec) {
+    absl::Time now = absl::Now();
+    for (const Answer& answer : answers_) {
+      if (answer.latency != nullptr) answer.latency->Observe(now - answer.started);
+    }
+    answers_.clear();
+    if (ec) return;
+    if (closing_) {
+      boost::system::error_code ignored;
+      socket_.shutdown(tcp::socket::shutdown_both, ignored);
+      socket_.close(ignored);
+      return;
+    }
+    Process();
   }
 
   tcp::socket socket_;
   ServerState& server_;
   std::string peer_;
-  std::array<uint8_t, wire::kRequestHeaderSize> header_{};
-  std::array<uint8_t, wire::kResponseHeaderSize> response_{};
+  std::array<uint8_t, kInputBytes> input_{};
+  size_t begin_ = 0;
+  size_t end_ = 0;
   wire::RequestHeader request_;
-  std::array<uint8_t, wire::kRdmaPayloadSize> rdma_payload_{};
+  absl::Time write_started_;
+  std::vector<Answer> answers_;
+  std::vector<asio::const_buffer> gather_;
   std::shared_ptr<void> queue_pair_;
-  absl::Time started_;
-  std::string error_message_;
+  bool closing_ = false;
 };
 
 }  // namespace

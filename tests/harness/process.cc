@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,8 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
-extern char** environ;
-
 namespace kvpool::testing {
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& binary,
@@ -24,21 +22,27 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& binar
   if (stat(binary.c_str(), &info) != 0) return absl::NotFoundError(absl::StrCat("no ", binary));
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
   for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipe_fds[1]);
-  if (rc != 0) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
     close(pipe_fds[0]);
-    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
+    close(pipe_fds[1]);
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(errno)));
   }
+  if (pid == 0) {
+    // The child dies with the test, however the test ends (a crash, a ctest timeout): no
+    // server is ever left behind. Only async-signal-safe calls until exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  close(pipe_fds[1]);
   return std::unique_ptr<Process>(new Process(pid, pipe_fds[0]));
 }
 
@@ -77,11 +81,14 @@ void Process::ReadLines() {
 absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
+  size_t seen = 0;
   while (true) {
+    // Lines that do not match stay: a later wait may be for them (a segment can print that
+    // it mounted before its "listening" line).
     for (auto it = lines_.begin(); it != lines_.end(); ++it) {
       if (absl::StartsWith(*it, prefix)) {
         std::string line = *it;
-        lines_.erase(lines_.begin(), it + 1);
+        lines_.erase(it);
         return line;
       }
     }
@@ -89,9 +96,10 @@ absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix, absl:
       return absl::UnavailableError(absl::StrCat("process ", pid_, " exited before printing \"",
                                                  prefix, "\""));
     }
-    // Nothing matched: drop what was seen and wait for more output.
-    lines_.clear();
-    auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !lines_.empty(); };
+    seen = lines_.size();
+    auto more = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closed_ || lines_.size() > seen;
+    };
     if (!mu_.AwaitWithDeadline(absl::Condition(&more), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no line \"", prefix, "\" within ", absl::FormatDuration(timeout)));

@@ -27,8 +27,9 @@ class Process {
                                                         const std::vector<std::string>& args);
   ~Process();
 
-  // The first line (not returned before) that starts with `prefix`. DeadlineExceeded after
-  // `timeout`; Unavailable if the process closed its output (exited) first.
+  // The first line not returned before that starts with `prefix` (lines that match nothing
+  // are kept for later waits). DeadlineExceeded after `timeout`; Unavailable if the process
+  // closed its output (exited) first.
   absl::StatusOr<std::string> WaitForLine(absl::string_view prefix, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
 
