@@ -134,7 +134,9 @@ std::string FormatTable(const Report& report) {
                   "latency is per call (one batch, or one connection's share of it).\n"
                   "kvpool/x: kvpool's throughput over that system's; p50 k/x: kvpool's p50 "
                   "latency over its.\nother: CPU time of the machine that other processes (or "
-                  "the hypervisor) took while it ran; above a few percent, numbers are noisy.\n");
+                  "the hypervisor) took while it ran; above a few percent, numbers are noisy.\n"
+                  "(Servers the bench did not start itself, given by --master or --redis, count "
+                  "as other.)\n");
   absl::StrAppend(&out, "\nmemory\n");
   absl::StrAppend(&out, "  bench process: RSS ", Resident(report.client_start), " at the start, ",
                   Resident(report.client_end), " at the end; peak ", MiB(report.client_peak_bytes),
