@@ -183,6 +183,7 @@ ClientOptions MakeClientOptions(const KvpoolTargetOptions& options) {
   client.transport = options.transport;
   client.connections_per_segment = options.connections_per_segment;
   client.verify_checksums = options.verify_checksums;
+  client.cache_locations = options.cache_locations;
   return client;
 }
 

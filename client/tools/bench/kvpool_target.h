@@ -36,6 +36,7 @@ struct KvpoolTargetOptions {
   int connections_per_segment = 2;
   bool shared_client = true;
   bool verify_checksums = false;
+  bool cache_locations = true;
 };
 
 class KvpoolTarget : public System {

@@ -62,6 +62,9 @@ ABSL_FLAG(uint64_t, iterations, 0,
 ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "Untimed calls before each measurement");
 ABSL_FLAG(std::string, transport, "auto", "kvpool's data transport: auto, tcp, shm or rdma");
 ABSL_FLAG(bool, verify_checksums, false, "kvpool gets check every value's checksum");
+ABSL_FLAG(bool, cache_locations, true,
+          "kvpool clients reuse the master's answers under their lease "
+          "(ClientOptions::cache_locations)");
 ABSL_FLAG(kvpool::ByteSize, client_buffer, kvpool::ByteSize{64 << 20},
           "Client memory per thread that values come from and go to (rotated; at least a batch)");
 
@@ -325,7 +328,8 @@ int Main(int argc, char** argv) {
                                      .transport_name = absl::GetFlag(FLAGS_transport),
                                      .connections_per_segment = connections,
                                      .shared_client = absl::GetFlag(FLAGS_shared_client),
-                                     .verify_checksums = absl::GetFlag(FLAGS_verify_checksums)};
+                                     .verify_checksums = absl::GetFlag(FLAGS_verify_checksums),
+                                     .cache_locations = absl::GetFlag(FLAGS_cache_locations)};
   absl::StatusOr<std::unique_ptr<KvpoolTarget>> kvpool = KvpoolTarget::Connect(kvpool_options);
   if (!kvpool.ok()) return SetupError(kvpool.status());
   absl::StatusOr<ClusterStatus> cluster = (*kvpool)->client().GetClusterStatus();
