@@ -272,5 +272,61 @@ TEST_P(ClientKilledTest, ClientKilledMidPutLeavesNothingVisibleAndTheServersServ
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClientKilledTest, ::testing::Values("tcp", "shm"));
 
+// Huge pages a new pool can still reserve: HugePages_Free less HugePages_Rsvd, -1 if absent.
+int64_t FreeHugePages() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::map<std::string, int64_t> fields;
+  std::string name;
+  int64_t value = 0;
+  while (meminfo >> name >> value) {
+    fields[name] = value;
+    meminfo.ignore(64, '\n');
+  }
+  if (!fields.contains("HugePages_Free:") || !fields.contains("HugePages_Rsvd:")) return -1;
+  return fields["HugePages_Free:"] - fields["HugePages_Rsvd:"];
+}
+
+TEST(HugePagesTest, SegmentOnHugePagesServesTcpAndSharedMemory) {
+  constexpr int64_t kPages = 16;  // a 32 MiB pool: RoundTrips needs about 17 MiB
+  int64_t before = FreeHugePages();
+  if (before < kPages) {
+    GTEST_SKIP() << "needs " << kPages << " free huge pages, this machine has " << before
+                 << " (sysctl vm.nr_hugepages=" << kPages << " runs this test)";
+  }
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment =
+      testing::StartSegment(master->grpc, "32MiB", {"--hugepages"});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(FreeHugePages(), before - kPages) << "the pool did not come from huge pages";
+  std::unique_ptr<Client> shm = Connect(master->grpc, TransportKind::kAuto);
+  RoundTrips(*shm, "huge-shm-");
+  EXPECT_EQ(SegmentTcpRequests(*segment), 0) << "bytes went over TCP";
+  std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
+  EXPECT_TRUE(*tcp->Get("huge-shm-65537") == testing::RandomValue(65537, 65537));
+  ASSERT_TRUE(tcp->Put("huge-tcp", testing::RandomValue(300000, 9)).ok());
+  EXPECT_TRUE(*shm->Get("huge-tcp") == testing::RandomValue(300000, 9));
+}
+
+TEST(HugePagesTest, SegmentWithoutEnoughHugePagesSaysSoAndExits) {
+  int64_t free_pages = FreeHugePages();
+  if (free_pages < 0) GTEST_SKIP() << "this kernel reports no HugePages_Free";
+  std::string size = std::to_string((free_pages + 1) * 2) + "MiB";
+  std::string command = testing::SegmentBinary() + " --hugepages --size=" + size +
+                        " --master=127.0.0.1:1 --listen=127.0.0.1:0 --http-listen=127.0.0.1:0"
+                        " --shm-socket=none 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char chunk[512];
+  while (size_t n = fread(chunk, 1, sizeof chunk, pipe)) output.append(chunk, n);
+  int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << output;
+  EXPECT_NE(output.find("huge pages"), std::string::npos) << output;
+  EXPECT_NE(output.find(std::to_string(free_pages) + " free"), std::string::npos) << output;
+  EXPECT_EQ(output.find("listening"), std::string::npos) << output;
+}
+
 }  // namespace
 }  // namespace kvpool

@@ -53,7 +53,6 @@ FAILING = [
     (["--set", "segment.hugepages.enabled=true", "--set", "segment.pool.sizeMiB=1025"],
      "multiple of 2"),
     (["--set", "segment.resources.requests.memory=1Gi"], "do not set memory"),
-    (["--set", "segment.hugepages.passFlag=true"], "needs segment.hugepages.enabled"),
     (["--set", "image.repository="], "image.repository is required"),
 ]
 
@@ -446,7 +445,6 @@ def check_case(c, helmrender, case, extra):
     services = [master_svc]
     if segment_on:
         hugepages = s["hugepages"]["enabled"]
-        pass_flag = hugepages and s["hugepages"]["passFlag"]
         pool = int(s["pool"]["sizeMiB"])
         volumes = {"/etc/kvpool": ("configMap", None), "/dev/shm": ("emptyDir", "Memory")}
         if hugepages:
@@ -457,7 +455,7 @@ def check_case(c, helmrender, case, extra):
             "probes": {"startupProbe": "/healthz", "livenessProbe": "/healthz",
                        "readinessProbe": "/readyz"},
             "volumes": volumes,
-            "memory_mib": int(s["pool"]["overheadMiB"]) + (0 if pass_flag else pool),
+            "memory_mib": int(s["pool"]["overheadMiB"]) + (0 if hugepages else pool),
             "hugepages_mib": pool if hugepages else 0,
             "host_network": s["hostNetwork"],
         })
@@ -475,8 +473,8 @@ def check_case(c, helmrender, case, extra):
             c.check(sflags.get("advertise_host") == ENV_SAMPLES["POD_IP"] and
                     sflags.get("name") == ENV_SAMPLES["NODE_NAME"],
                     f"{case}: segments must advertise the pod IP and be named after the node")
-            c.check(("hugepages" in sflags) == bool(pass_flag),
-                    f"{case}: --hugepages must be passed exactly when hugepages.passFlag is on")
+            c.check(("hugepages" in sflags) == bool(hugepages),
+                    f"{case}: --hugepages must be passed exactly when hugepages.enabled is on")
         seg_svc = next((x for x in by_kind(objects, "Service")
                         if x["metadata"]["labels"].get("app.kubernetes.io/component") == "segment"),
                        None)

@@ -25,7 +25,7 @@ constexpr uint64_t kPoolSize = 1 << 20;
 class DataServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    pool_ = *MemoryPool::Create(kPoolSize, false, "test");
+    pool_ = *MemoryPool::Create({.size = kPoolSize, .prefault = false, .name = "test"});
     secret_ = wire::NewCapabilitySecret();
     server_ = std::make_unique<DataServer>(*pool_, secret_, DataServerOptions{});
     absl::StatusOr<uint16_t> port = server_->Start("127.0.0.1:0");

@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, advertise_host, "",
           "machine's name when listening on a wildcard address)");
 ABSL_FLAG(int, threads, 2, "Data-plane threads");
 ABSL_FLAG(bool, prefault, true, "Touch every page of the pool at start");
+ABSL_FLAG(bool, hugepages, false,
+          "Back the pool with 2 MiB huge pages reserved by the kernel (vm.nr_hugepages); "
+          "--size must be a multiple of 2MiB");
 ABSL_FLAG(std::string, shm_socket, "auto",
           "Unix socket through which clients on this host map the pool and copy with memcpy: a "
           "path, auto (/tmp/kvpool-segment-PORT.sock), or none");
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   kvpool::segment::SegmentOptions options;
   options.size = size;
   options.prefault = absl::GetFlag(FLAGS_prefault);
+  options.hugepages = absl::GetFlag(FLAGS_hugepages);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   options.name = absl::GetFlag(FLAGS_name);
@@ -116,13 +120,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<uint16_t> http_port = http.Start(absl::GetFlag(FLAGS_http_listen));
   if (!http_port.ok()) return Fail(http_port.status());
 
-  std::printf("kvpool-segment listening name=%s data=%s shm=%s http=%s pool_bytes=%llu\n",
+  std::printf(
+      "kvpool-segment listening name=%s data=%s shm=%s http=%s pool_bytes=%llu hugepages=%s\n",
               segment.name().c_str(), segment.endpoint().c_str(),
               segment.shm_socket().empty() ? "none" : segment.shm_socket().c_str(),
               kvpool::FormatHostPort(kvpool::ParseHostPort(absl::GetFlag(FLAGS_http_listen))->host,
                                      *http_port)
                   .c_str(),
-              static_cast<unsigned long long>(size));
+              static_cast<unsigned long long>(size), segment.pool().hugepages() ? "yes" : "no");
   std::fflush(stdout);
 
   int signal_number = kvpool::WaitForShutdownSignal();

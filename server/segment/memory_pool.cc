@@ -1,22 +1,64 @@
 #include "server/segment/memory_pool.h"
 
+#include <linux/memfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/size.h"
 
 namespace kvpool::segment {
 
-absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(uint64_t size, bool prefault,
-                                                               const std::string& name) {
+int64_t FreeHugePages() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  int64_t free_pages = -1;
+  int64_t reserved = -1;
+  while (std::getline(meminfo, line)) {
+    absl::string_view rest = line;
+    int64_t* field = absl::ConsumePrefix(&rest, "HugePages_Free:")   ? &free_pages
+                     : absl::ConsumePrefix(&rest, "HugePages_Rsvd:") ? &reserved
+                                                                     : nullptr;
+    if (field != nullptr && !absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), field)) {
+      return -1;
+    }
+  }
+  return free_pages < 0 || reserved < 0 ? -1 : free_pages - reserved;
+}
+
+namespace {
+
+absl::Status HugePagesUnavailable(uint64_t size, int error) {
+  int64_t free_pages = FreeHugePages();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot back a pool of ", FormatSize(size), " with huge pages (", size / kHugePageSize,
+      " of 2 MiB needed, ", free_pages < 0 ? std::string("unknown") : absl::StrCat(free_pages),
+      " free): ", std::strerror(error),
+      "; reserve more with sysctl vm.nr_hugepages, or run without --hugepages"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolOptions& options) {
+  const uint64_t size = options.size;
   if (size == 0) return absl::InvalidArgumentError("pool size is 0");
-  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (options.hugepages && size % kHugePageSize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a pool backed by huge pages must be a ",
+                                                   "multiple of 2 MiB; ", FormatSize(size),
+                                                   " (", size, " bytes) is not"));
+  }
+  unsigned memfd_flags = MFD_CLOEXEC | (options.hugepages ? MFD_HUGETLB | MFD_HUGE_2MB : 0);
+  int fd = memfd_create(options.name.c_str(), memfd_flags);
   if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+    int error = errno;
+    if (options.hugepages) return HugePagesUnavailable(size, error);
+    return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(error)));
   }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int error = errno;
@@ -24,15 +66,19 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(uint64_t size, bo
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot size the pool to ", FormatSize(size), ": ", std::strerror(error)));
   }
-  int flags = MAP_SHARED | (prefault ? MAP_POPULATE : 0);
+  // A shared huge-page mapping reserves all its pages here, so a shortage fails now (ENOMEM)
+  // rather than as a SIGBUS on some later write.
+  int flags = MAP_SHARED | (options.prefault ? MAP_POPULATE : 0);
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, fd, 0);
   if (data == MAP_FAILED) {
     int error = errno;
     close(fd);
+    if (options.hugepages) return HugePagesUnavailable(size, error);
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map a pool of ", FormatSize(size), ": ", std::strerror(error)));
   }
-  return std::unique_ptr<MemoryPool>(new MemoryPool(fd, static_cast<uint8_t*>(data), size));
+  return std::unique_ptr<MemoryPool>(
+      new MemoryPool(fd, static_cast<uint8_t*>(data), size, options.hugepages));
 }
 
 MemoryPool::~MemoryPool() {

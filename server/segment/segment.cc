@@ -23,7 +23,10 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   }
   std::unique_ptr<Segment> segment(new Segment());
   absl::StatusOr<std::unique_ptr<MemoryPool>> pool =
-      MemoryPool::Create(options.size, options.prefault, "kvpool-segment");
+      MemoryPool::Create({.size = options.size,
+                          .prefault = options.prefault,
+                          .hugepages = options.hugepages,
+                          .name = "kvpool-segment"});
   if (!pool.ok()) return pool.status();
   segment->pool_ = std::move(*pool);
   segment->secret_ = wire::NewCapabilitySecret();

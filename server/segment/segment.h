@@ -24,6 +24,8 @@ struct SegmentOptions {
   uint64_t size = 0;
   // Touch every page at start, so first writes pay no page faults.
   bool prefault = true;
+  // Back the pool with 2 MiB huge pages (see MemoryPoolOptions::hugepages).
+  bool hugepages = false;
   // Data-plane address, "ip:port" (port 0: any free port).
   std::string listen = "127.0.0.1:0";
   // Host clients dial (default: the listen host, or this machine's name for a wildcard).

@@ -85,12 +85,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 Memory of a segment container, in MiB: the pool and the process, or only the process when the
-pool is allocated from huge pages (hugepages.enabled and hugepages.passFlag).
+pool is allocated from huge pages (hugepages.enabled).
 */}}
 {{- define "kvpool.segmentMemoryMiB" -}}
 {{- $pool := int64 .Values.segment.pool.sizeMiB }}
 {{- $overhead := int64 .Values.segment.pool.overheadMiB }}
-{{- if and .Values.segment.hugepages.enabled .Values.segment.hugepages.passFlag }}
+{{- if .Values.segment.hugepages.enabled }}
 {{- $overhead }}
 {{- else }}
 {{- add $pool $overhead }}
@@ -135,8 +135,5 @@ limits:
 {{- end }}
 {{- if and .Values.segment.enabled .Values.segment.hugepages.enabled (ne (mod (int64 .Values.segment.pool.sizeMiB) 2) 0) }}
 {{- fail "segment.pool.sizeMiB must be a multiple of 2 (MiB) with hugepages.enabled (2 MiB pages)" }}
-{{- end }}
-{{- if and .Values.segment.hugepages.passFlag (not .Values.segment.hugepages.enabled) }}
-{{- fail "segment.hugepages.passFlag needs segment.hugepages.enabled" }}
 {{- end }}
 {{- end }}
