@@ -217,7 +217,9 @@ TEST_P(RestartTest, SegmentRestartedMidBatchNeverYieldsWrongBytes) {
   ASSERT_TRUE(segment.ok()) << segment.status();
   reader.join();
   for (int i = 0; i < 64; ++i) {
-    if (reads[i].ok()) EXPECT_TRUE(back[i] == values[i]) << "wrong bytes for " << puts[i].key;
+    if (reads[i].ok()) {
+      EXPECT_TRUE(back[i] == values[i]) << "wrong bytes for " << puts[i].key;
+    }
   }
   // The restart dropped the old objects; new ones land in the new pool and read back exactly,
   // also for a shared-memory client that had mapped the old pool.
