@@ -106,6 +106,11 @@ struct Client::Impl {
   std::vector<absl::StatusOr<uint64_t>> BatchGetOnce(absl::Span<const GetItem> items,
                                                      const GetOptions& options);
 
+  // Copies the objects of a draining segment as the master planned them: reads each from its
+  // source into `buffer`, checks its checksum, writes it to its destination. Whether each
+  // copy was made, in order.
+  std::vector<bool> CopyMigrations(const v1::MigrateStartResponse& batch, std::string& buffer);
+
   // Replica indices of `result`, those on this host first.
   std::vector<int> ReplicaOrder(const v1::GetResult& result);
 
@@ -837,10 +842,104 @@ absl::Status Client::RegisterMemory(void* addr, size_t length) {
   return impl_->transport->RegisterMemory(addr, length);
 }
 
-absl::Status Client::DrainSegment(absl::string_view name) {
+absl::StatusOr<DrainReport> Client::DrainSegment(absl::string_view name,
+                                                 const DrainOptions& options) {
   v1::DrainSegmentRequest request;
   request.set_name(std::string(name));
-  return impl_->master.DrainSegment(request).status();
+  request.set_migrate(options.migrate);
+  if (absl::Status draining = impl_->master.DrainSegment(request).status(); !draining.ok()) {
+    return draining;
+  }
+  DrainReport report;
+  if (!options.migrate) return report;
+  std::string buffer;
+  while (true) {
+    v1::MigrateStartRequest ask;
+    ask.set_segment(std::string(name));
+    ask.set_max_objects(static_cast<uint32_t>(options.batch_objects));
+    ask.set_max_bytes(options.batch_bytes);
+    absl::StatusOr<v1::MigrateStartResponse> batch = impl_->master.MigrateStart(ask);
+    if (!batch.ok()) return batch.status();
+    report.unplaceable = batch->unplaceable();
+    if (batch->migrations().empty()) {
+      if (batch->in_flight() == 0) return report;
+      // Objects still being written (or copied by another mover): ask again shortly.
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    std::vector<bool> copied = impl_->CopyMigrations(*batch, buffer);
+    v1::MigrateEndRequest end;
+    for (int i = 0; i < batch->migrations_size(); ++i) {
+      v1::MigrateEndItem* item = end.add_items();
+      item->set_key(batch->migrations(i).key());
+      item->set_migration_id(batch->migrations(i).migration_id());
+      item->set_copied(copied[i]);
+    }
+    absl::StatusOr<v1::MigrateEndResponse> ended = impl_->master.MigrateEnd(end);
+    if (!ended.ok()) return ended.status();
+    if (ended->results_size() != end.items_size()) {
+      return CountMismatch(ended->results_size(), end.items_size());
+    }
+    for (int i = 0; i < end.items_size(); ++i) {
+      if (copied[i] && ended->results(i).code() == v1::OK) {
+        ++report.moved_objects;
+        report.moved_bytes += batch->migrations(i).size();
+      } else {
+        ++report.failed_copies;
+      }
+    }
+    if (options.progress) options.progress(report);
+  }
+}
+
+std::vector<bool> Client::Impl::CopyMigrations(const v1::MigrateStartResponse& batch,
+                                               std::string& buffer) {
+  const int n = batch.migrations_size();
+  std::vector<bool> copied(n, false);
+  uint64_t total = 0;
+  for (const v1::Migration& migration : batch.migrations()) total += migration.size();
+  if (buffer.size() < total) buffer.resize(total);
+  // One op per copy, for the read (from the source) or the write (to the destination).
+  auto ops_for = [&](wire::Opcode opcode, const std::vector<bool>& wanted,
+                     std::vector<int>& owners) {
+    std::vector<TransferOp> ops;
+    uint64_t offset = 0;
+    for (int i = 0; i < n; ++i) {
+      const v1::Migration& migration = batch.migrations(i);
+      const v1::Placement& placement =
+          opcode == wire::Opcode::kRead ? migration.source() : migration.destination();
+      char* bytes = buffer.data() + offset;
+      offset += migration.size();
+      absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
+      if (!wanted[i] || !token.ok() || placement.length() != migration.size()) continue;
+      ops.push_back(TransferOp{.opcode = opcode,
+                               .endpoint = placement.endpoint(),
+                               .host = placement.host(),
+                               .incarnation = placement.incarnation(),
+                               .offset = placement.offset(),
+                               .length = placement.length(),
+                               .token = *token,
+                               .iov = {iovec{bytes, migration.size()}}});
+      owners.push_back(i);
+    }
+    return ops;
+  };
+  std::vector<int> readers;
+  std::vector<TransferOp> reads = ops_for(wire::Opcode::kRead, std::vector<bool>(n, true), readers);
+  transport->Execute(absl::MakeSpan(reads), TransferDeadline());
+  std::vector<bool> intact(n, false);
+  for (size_t r = 0; r < reads.size(); ++r) {
+    const v1::Migration& migration = batch.migrations(readers[r]);
+    // A copy that does not match the checksum the writer gave would spread corruption.
+    intact[readers[r]] = reads[r].status.ok() &&
+                         (migration.checksum() == 0 ||
+                          wire::Checksum(reads[r].iov) == migration.checksum());
+  }
+  std::vector<int> writers;
+  std::vector<TransferOp> writes = ops_for(wire::Opcode::kWrite, intact, writers);
+  transport->Execute(absl::MakeSpan(writes), TransferDeadline());
+  for (size_t w = 0; w < writes.size(); ++w) copied[writers[w]] = writes[w].status.ok();
+  return copied;
 }
 
 }  // namespace kvpool

@@ -91,4 +91,14 @@ absl::StatusOr<v1::DrainSegmentResponse> MasterClient::DrainSegment(
   return Call(&v1::MasterService::Stub::DrainSegment, request, rpc_timeout_);
 }
 
+absl::StatusOr<v1::MigrateStartResponse> MasterClient::MigrateStart(
+    const v1::MigrateStartRequest& request) {
+  return Call(&v1::MasterService::Stub::MigrateStart, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::MigrateEndResponse> MasterClient::MigrateEnd(
+    const v1::MigrateEndRequest& request) {
+  return Call(&v1::MasterService::Stub::MigrateEnd, request, rpc_timeout_);
+}
+
 }  // namespace kvpool::client

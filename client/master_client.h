@@ -34,6 +34,8 @@ class MasterClient {
   absl::StatusOr<v1::GetClusterStatusResponse> GetClusterStatus(
       const v1::GetClusterStatusRequest& request);
   absl::StatusOr<v1::DrainSegmentResponse> DrainSegment(const v1::DrainSegmentRequest& request);
+  absl::StatusOr<v1::MigrateStartResponse> MigrateStart(const v1::MigrateStartRequest& request);
+  absl::StatusOr<v1::MigrateEndResponse> MigrateEnd(const v1::MigrateEndRequest& request);
 
  private:
   template <typename Request, typename Response>

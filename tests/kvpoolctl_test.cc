@@ -104,6 +104,30 @@ TEST_F(KvpoolctlTest, ExistsRmAndErrorsHaveExitCodes) {
   EXPECT_EQ(Ctl({"put", "only-a-key"}).exit_code, 2);
 }
 
+TEST_F(KvpoolctlTest, DrainMovesTheSegmentsObjectsToAnotherAndItExits) {
+  std::string in = dir_ + "/kvpoolctl_drain.bin";
+  std::string value(3 << 20, 'x');
+  value[12345] = 'y';
+  std::ofstream(in, std::ios::binary).write(value.data(), static_cast<std::streamsize>(value.size()));
+  ASSERT_EQ(Ctl({"put", "a", in}).exit_code, 0);
+  ASSERT_EQ(Ctl({"put", "b", in}).exit_code, 0);
+  absl::StatusOr<testing::SegmentProcess> other = testing::StartSegment(master_.grpc, "64MiB");
+  ASSERT_TRUE(other.ok()) << other.status();
+
+  CtlRun drain = Ctl({"--json", "drain", segment_.name});
+  EXPECT_EQ(drain.exit_code, 0);
+  EXPECT_EQ(drain.first_line, "{\"ok\":true,\"segment\":\"" + segment_.name +
+                                  "\",\"moved_objects\":2,\"moved_bytes\":6291456,"
+                                  "\"failed_copies\":0,\"unplaceable\":0}");
+  int wait_status = segment_.process->Wait();
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+  std::string out = dir_ + "/kvpoolctl_drained.bin";
+  EXPECT_EQ(Ctl({"get", "b", out}).exit_code, 0);
+  EXPECT_TRUE(ReadFile(out) == value) << "bytes differ after the move";
+  EXPECT_EQ(Ctl({"drain", "no-such-segment"}).exit_code, 1);
+  EXPECT_EQ(Ctl({"drain"}).exit_code, 2);
+}
+
 TEST_F(KvpoolctlTest, UnreachableMasterIsAClearRpcFailure) {
   std::unique_ptr<testing::Process> process = *testing::Process::Start(
       testing::CtlBinary(), {"--master=127.0.0.1:1", "--timeout=1s", "--json", "status"});

@@ -305,8 +305,9 @@ TEST_F(SegmentFailureTest, RestartedSegmentMountsAgainCleanly) {
 TEST_F(SegmentFailureTest, DrainedSegmentLeavesAndObjectsWithAnotherReplicaStay) {
   ASSERT_TRUE(client_->Put("two", testing::RandomValue(1 << 20, 1), {.replicas = 2}).ok());
   std::string drained = segments_[0].name;
-  ASSERT_TRUE(client_->DrainSegment(drained).ok());
-  EXPECT_EQ(ToErrorCode(client_->DrainSegment("no-such-segment")), v1::SEGMENT_NOT_FOUND);
+  ASSERT_TRUE(client_->DrainSegment(drained, {.migrate = false}).ok());
+  EXPECT_EQ(ToErrorCode(client_->DrainSegment("no-such-segment").status()),
+            v1::SEGMENT_NOT_FOUND);
   // Nothing new lands there.
   for (int i = 0; i < 10; ++i) {
     ASSERT_TRUE(client_->Put("new-" + std::to_string(i), "v").ok());
@@ -323,6 +324,54 @@ TEST_F(SegmentFailureTest, DrainedSegmentLeavesAndObjectsWithAnotherReplicaStay)
   EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
   EXPECT_EQ(MountedSegments(), 1u);
   EXPECT_TRUE(*client_->Get("two") == testing::RandomValue(1 << 20, 1));
+}
+
+TEST_F(SegmentFailureTest, DrainCopiesEveryObjectElsewhereAndTheCopiesSurviveAMasterRestart) {
+  constexpr int kObjects = 40;
+  for (int i = 0; i < kObjects; ++i) {
+    ASSERT_TRUE(client_->Put("d" + std::to_string(i), testing::RandomValue(1 << 20, i)).ok());
+  }
+  std::string drained = segments_[0].name;
+  uint64_t on_drained = 0;
+  absl::StatusOr<ClusterStatus> before = client_->GetClusterStatus();
+  ASSERT_TRUE(before.ok()) << before.status();
+  for (const SegmentStatus& segment : before->segments) {
+    if (segment.name == drained) on_drained = segment.replicas;
+  }
+  ASSERT_GT(on_drained, 0u) << "the puts did not spread over both segments";
+  absl::StatusOr<DrainReport> report =
+      client_->DrainSegment(drained, {.batch_objects = 7, .batch_bytes = 4 << 20});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->moved_objects, on_drained);
+  EXPECT_EQ(report->moved_bytes, on_drained << 20);
+  EXPECT_EQ(report->failed_copies, 0u);
+  EXPECT_EQ(report->unplaceable, 0u);
+  // Nothing of it is needed any more: it leaves and its process stops by itself.
+  int wait_status = segments_[0].process->Wait();
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+  EXPECT_EQ(MountedSegments(), 1u);
+  std::unique_ptr<Client> fresh = Connect(master_.grpc, /*verify=*/true);
+  for (int i = 0; i < kObjects; ++i) {
+    absl::StatusOr<std::string> value = fresh->Get("d" + std::to_string(i));
+    ASSERT_TRUE(value.ok()) << i << ": " << value.status();
+    EXPECT_TRUE(*value == testing::RandomValue(1 << 20, i)) << i;
+  }
+  // The copies are in the remaining segment's manifest: a restarted master finds them.
+  std::string address = master_.grpc;
+  master_.process->Signal(SIGKILL);
+  master_.process->Wait();
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(
+      {"--embedded-segment-size=0", "--segment-ttl=2s", "--heartbeat-interval=200ms"}, address);
+  ASSERT_TRUE(master.ok()) << master.status();
+  master_ = std::move(*master);
+  ASSERT_TRUE(segments_[1].process->WaitForLine("kvpool-segment mounted", absl::Seconds(10)).ok());
+  ASSERT_TRUE(Eventually([&] { return fresh->GetClusterStatus().ok(); }, absl::Seconds(5)));
+  EXPECT_EQ(fresh->GetClusterStatus()->objects, static_cast<uint64_t>(kObjects));
+  for (int i = 0; i < kObjects; ++i) {
+    absl::StatusOr<std::string> value = fresh->Get("d" + std::to_string(i));
+    ASSERT_TRUE(value.ok()) << i << ": " << value.status();
+    EXPECT_TRUE(*value == testing::RandomValue(1 << 20, i)) << i;
+  }
 }
 
 TEST(MasterRestartDurabilityTest, EveryCommittedObjectIsReadableAgainAfterARestartUnderLoad) {

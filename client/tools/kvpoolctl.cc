@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(uint32_t, replicas, 1, "put: copies on distinct segments");
 ABSL_FLAG(std::string, pin, "none", "put: none, soft (evicted last) or hard (never evicted)");
 ABSL_FLAG(bool, force, false, "rm: remove even objects that readers hold a lease on");
+ABSL_FLAG(bool, migrate, true,
+          "drain: copy the segment's objects to other segments first (false: drop them; those "
+          "with a replica elsewhere stay readable)");
 
 namespace {
 
@@ -181,10 +184,32 @@ int Remove(kvpool::Client& client, const std::vector<char*>& args) {
 
 int Drain(kvpool::Client& client, const std::vector<char*>& args) {
   if (args.size() != 2) return Usage("drain takes one SEGMENT name (see kvpoolctl segments)");
-  absl::Status status = client.DrainSegment(args[1]);
-  if (!status.ok()) return Report(status, absl::StrCat("drain ", args[1]));
-  if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"ok\":true,\"segment\":%s}\n", JsonString(args[1]).c_str());
+  const bool json = absl::GetFlag(FLAGS_json);
+  kvpool::DrainOptions options{.migrate = absl::GetFlag(FLAGS_migrate)};
+  if (!json) {
+    options.progress = [](const kvpool::DrainReport& so_far) {
+      std::fprintf(stderr, "\rmoved %llu objects (%s)",
+                   static_cast<unsigned long long>(so_far.moved_objects),
+                   kvpool::FormatSize(so_far.moved_bytes).c_str());
+    };
+  }
+  absl::StatusOr<kvpool::DrainReport> report = client.DrainSegment(args[1], options);
+  if (!json && report.ok() && report->moved_objects > 0) std::fprintf(stderr, "\n");
+  if (!report.ok()) return Report(report.status(), absl::StrCat("drain ", args[1]));
+  if (json) {
+    std::printf(
+        "{\"ok\":true,\"segment\":%s,\"moved_objects\":%llu,\"moved_bytes\":%llu,"
+        "\"failed_copies\":%llu,\"unplaceable\":%llu}\n",
+        JsonString(args[1]).c_str(), static_cast<unsigned long long>(report->moved_objects),
+        static_cast<unsigned long long>(report->moved_bytes),
+        static_cast<unsigned long long>(report->failed_copies),
+        static_cast<unsigned long long>(report->unplaceable));
+  } else if (options.migrate) {
+    std::printf("draining %s: moved %llu objects (%s) to other segments, %llu could not move "
+                "and leave with it; it leaves once nothing on it is leased\n",
+                args[1], static_cast<unsigned long long>(report->moved_objects),
+                kvpool::FormatSize(report->moved_bytes).c_str(),
+                static_cast<unsigned long long>(report->unplaceable));
   } else {
     std::printf("draining %s: it takes no new objects and leaves once nothing on it is leased\n",
                 args[1]);

@@ -286,7 +286,43 @@ grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerCo
                                                           const v1::DrainSegmentRequest* request,
                                                           v1::DrainSegmentResponse* response) {
   Call call(metrics_, Rpc::kDrainSegment, context);
-  return call.Finish(master_.DrainSegment(request->name()));
+  return call.Finish(master_.DrainSegment(request->name(), request->migrate()));
+}
+
+grpc::ServerUnaryReactor* MasterGrpcService::MigrateStart(grpc::CallbackServerContext* context,
+                                                          const v1::MigrateStartRequest* request,
+                                                          v1::MigrateStartResponse* response) {
+  Call call(metrics_, Rpc::kMigrateStart, context);
+  absl::StatusOr<MigrateStartResult> started =
+      master_.MigrateStart(request->segment(), request->max_objects(), request->max_bytes());
+  if (!started.ok()) return call.Finish(started.status());
+  for (const MigrationPlan& plan : started->migrations) {
+    v1::Migration* out = response->add_migrations();
+    out->set_key(plan.key);
+    out->set_migration_id(plan.id);
+    out->set_size(plan.size);
+    out->set_checksum(plan.checksum);
+    ToProto(plan.source, out->mutable_source());
+    ToProto(plan.destination, out->mutable_destination());
+  }
+  response->set_in_flight(started->in_flight);
+  response->set_unplaceable(started->unplaceable);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* MasterGrpcService::MigrateEnd(grpc::CallbackServerContext* context,
+                                                        const v1::MigrateEndRequest* request,
+                                                        v1::MigrateEndResponse* response) {
+  Call call(metrics_, Rpc::kMigrateEnd, context);
+  std::vector<MigrationRef> refs;
+  refs.reserve(request->items_size());
+  for (const v1::MigrateEndItem& item : request->items()) {
+    refs.push_back(MigrationRef{item.key(), item.migration_id(), item.copied()});
+  }
+  Durable<absl::Status> ended = master_.MigrateEnd(refs);
+  for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
+  metrics_.RecordKeyCodes(Rpc::kMigrateEnd, Codes(ended.results));
+  return FinishWhenDurable(call, std::move(ended.ticket));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(

@@ -51,6 +51,12 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* DrainSegment(grpc::CallbackServerContext* context,
                                          const v1::DrainSegmentRequest* request,
                                          v1::DrainSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* MigrateStart(grpc::CallbackServerContext* context,
+                                         const v1::MigrateStartRequest* request,
+                                         v1::MigrateStartResponse* response) override;
+  grpc::ServerUnaryReactor* MigrateEnd(grpc::CallbackServerContext* context,
+                                       const v1::MigrateEndRequest* request,
+                                       v1::MigrateEndResponse* response) override;
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const v1::GetClusterStatusRequest* request,
                                              v1::GetClusterStatusResponse* response) override;

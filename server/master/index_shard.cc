@@ -13,6 +13,21 @@ bool Live(const Replica& replica) { return !replica.segment->removed(); }
 
 bool Leased(const Object& object, absl::Time now) { return object.lease_expiry > now; }
 
+bool Migrating(const Object& object, absl::Time now) {
+  return object.migration.has_value() && object.migration->deadline > now;
+}
+
+// Neither evicted nor removed unless forced: leased by a reader, or being copied.
+bool Held(const Object& object, absl::Time now) {
+  return Leased(object, now) || Migrating(object, now);
+}
+
+std::vector<Replica>::iterator ReplicaOn(std::vector<Replica>& replicas,
+                                         const MountedSegment* segment) {
+  return std::find_if(replicas.begin(), replicas.end(),
+                      [&](const Replica& r) { return r.segment.get() == segment; });
+}
+
 // The global order of accesses, shared by every shard (and every master in a process).
 std::atomic<uint64_t> access_clock{0};
 
@@ -125,6 +140,9 @@ absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time 
   if (it == objects_.end() || !it->second.committed) {
     return absl::NotFoundError("object not found");
   }
+  if (!force && Migrating(it->second, now)) {
+    return ErrorStatus(v1::OBJECT_HAS_LEASE, "object is being copied off a draining segment");
+  }
   if (!force && Leased(it->second, now)) {
     return ErrorStatus(v1::OBJECT_HAS_LEASE,
                        absl::StrCat("object is leased by a reader for another ",
@@ -139,7 +157,7 @@ std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force) {
   absl::MutexLock lock(&mu_);
   std::vector<ObjectView> removed;
   for (auto it = objects_.begin(); it != objects_.end();) {
-    if (it->second.committed && (force || !Leased(it->second, now))) {
+    if (it->second.committed && (force || !Held(it->second, now))) {
       removed.push_back(View(it->second));
       EraseLocked(it++, /*free_space=*/true);
     } else {
@@ -155,7 +173,7 @@ Object* IndexShard::OldestEvictableLocked(absl::Time now, bool soft_pinned_too,
   for (size_t scanned = 0; object != nullptr && scanned < scan_limit; ++scanned) {
     bool pinned = object->pin == PinMode::kHard ||
                   (object->pin == PinMode::kSoft && !soft_pinned_too);
-    if (!pinned && !Leased(*object, now)) return object;
+    if (!pinned && !Held(*object, now)) return object;
     object = ObjectList<Object>::Next(object);
   }
   return nullptr;
@@ -187,6 +205,12 @@ uint64_t IndexShard::ReclaimExpired(absl::Time now) {
     EraseLocked(objects_.find(*oldest->key), /*free_space=*/true);
     ++reclaimed;
   }
+  std::erase_if(abandoned_, [now](const AbandonedCopy& copy) {
+    if (copy.deadline > now) return false;
+    copy.destination.segment->allocator().Free(copy.destination.offset, copy.size);
+    copy.destination.segment->AddReplicas(-1);
+    return true;
+  });
   return reclaimed;
 }
 
@@ -194,6 +218,11 @@ uint64_t IndexShard::DropRemovedReplicas() {
   absl::MutexLock lock(&mu_);
   uint64_t erased = 0;
   for (auto it = objects_.begin(); it != objects_.end();) {
+    std::optional<Migration>& migration = it->second.migration;
+    if (migration && !Live(migration->destination)) {
+      migration->destination.segment->AddReplicas(-1);
+      migration.reset();
+    }
     std::vector<Replica>& replicas = it->second.replicas;
     replicas.erase(std::remove_if(replicas.begin(), replicas.end(),
                                   [](const Replica& r) { return !Live(r); }),
@@ -217,7 +246,7 @@ uint64_t IndexShard::ReleaseReplicasOn(const MountedSegment& segment, absl::Time
                                    [&](const Replica& r) { return r.segment.get() == &segment; });
     if (on_segment == object.replicas.end()) {
       ++it;
-    } else if (!object.committed || Leased(object, now)) {
+    } else if (!object.committed || Held(object, now)) {
       ++held;
       ++it;
     } else if (object.replicas.size() == 1) {
@@ -285,6 +314,7 @@ uint64_t IndexShard::CountLeased(absl::Time now) const {
 
 void IndexShard::EraseLocked(Map::iterator it, bool free_space) {
   Object& object = it->second;
+  AbandonMigrationLocked(object);
   for (const Replica& replica : object.replicas) {
     replica.segment->AddReplicas(-1);
     // Freeing into the allocator of a removed segment is harmless: nobody allocates there.
@@ -299,6 +329,85 @@ void IndexShard::EraseLocked(Map::iterator it, bool free_space) {
     --counts_.pending;
   }
   objects_.erase(it);
+}
+
+void IndexShard::AbandonMigrationLocked(Object& object) {
+  if (!object.migration) return;
+  abandoned_.push_back({object.migration->destination, object.size, object.migration->deadline});
+  object.migration.reset();
+}
+
+void IndexShard::StartMigrations(const MountedSegment& from,
+                                 absl::Span<const std::shared_ptr<MountedSegment>> targets,
+                                 size_t max_objects, uint64_t max_bytes, absl::Time now,
+                                 absl::Time deadline, std::atomic<uint64_t>& ids,
+                                 MigrationBatch& batch) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, object] : objects_) {
+    if (batch.started.size() >= max_objects ||
+        (!batch.started.empty() && batch.started_bytes >= max_bytes)) {
+      return;
+    }
+    auto source = ReplicaOn(object.replicas, &from);
+    if (source == object.replicas.end()) continue;
+    if (!object.committed || Migrating(object, now)) {
+      ++batch.in_flight;
+      continue;
+    }
+    AbandonMigrationLocked(object);  // one whose time ran out: start again
+    if (object.failed_migrations >= kMaxFailedMigrations) {
+      ++batch.unplaceable;
+      continue;
+    }
+    std::optional<Replica> destination;
+    for (const std::shared_ptr<MountedSegment>& target : targets) {
+      if (target.get() == &from || !target->accepts_writes() ||
+          ReplicaOn(object.replicas, target.get()) != object.replicas.end()) {
+        continue;
+      }
+      if (std::optional<uint64_t> offset = target->allocator().Allocate(object.size)) {
+        target->AddReplicas(1);
+        destination = Replica{target, *offset};
+        break;
+      }
+    }
+    if (!destination) {
+      ++batch.unplaceable;
+      continue;
+    }
+    object.migration = Migration{ids.fetch_add(1), &from, *destination, deadline};
+    batch.started.push_back({key, object.size, object.checksum, *source, *object.migration});
+    batch.started_bytes += object.size;
+  }
+}
+
+absl::StatusOr<FinishedMigration> IndexShard::FinishMigration(absl::string_view key, uint64_t id,
+                                                              bool copied, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end() || !it->second.migration || it->second.migration->id != id) {
+    return absl::NotFoundError(
+        absl::StrCat("no copy ", id, " of this object in progress (removed, or given back)"));
+  }
+  Object& object = it->second;
+  Migration migration = *object.migration;
+  if (!copied || migration.deadline <= now || !Live(migration.destination)) {
+    ++object.failed_migrations;
+    AbandonMigrationLocked(object);
+    if (!copied) return FinishedMigration{View(object), migration.destination, std::nullopt};
+    return absl::NotFoundError("the copy's tokens expired, or its segment went away");
+  }
+  object.migration.reset();
+  FinishedMigration finished{.destination = migration.destination};
+  if (auto source = ReplicaOn(object.replicas, migration.source); source != object.replicas.end()) {
+    finished.dropped_source = *source;
+    source->segment->allocator().Free(source->offset, object.size);
+    source->segment->AddReplicas(-1);
+    object.replicas.erase(source);
+  }
+  object.replicas.push_back(migration.destination);
+  finished.object = View(object);
+  return finished;
 }
 
 void IndexShard::TouchLocked(Object& object) {

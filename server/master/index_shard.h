@@ -8,6 +8,7 @@
 // after its deadline) and then *committed* (visible, evictable unless leased or pinned).
 // Committed objects are kept in least-recently-used order for eviction.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,6 +41,15 @@ struct Replica {
   uint64_t offset = 0;
 };
 
+// A copy of a committed object on its way from a draining segment to another one
+// (Master::MigrateStart); the mover's write token for `destination` expires at `deadline`.
+struct Migration {
+  uint64_t id = 0;
+  const MountedSegment* source = nullptr;
+  Replica destination;
+  absl::Time deadline;
+};
+
 struct Object {
   const std::string* key = nullptr;  // the map's own key (node_hash_map: stable)
   uint64_t size = 0;
@@ -57,6 +67,9 @@ struct Object {
   // smallest first, across all shards.
   uint64_t last_access = 0;
   std::vector<Replica> replicas;
+  // Committed, being copied off a draining segment; and how many such copies failed.
+  std::optional<Migration> migration;
+  uint8_t failed_migrations = 0;
   // Links in the shard's pending list or LRU list (see ObjectList).
   Object* prev = nullptr;
   Object* next = nullptr;
@@ -81,8 +94,36 @@ struct ReserveRequest {
   absl::Time put_deadline;
 };
 
+// MigrationView: one copy started by IndexShard::StartMigrations.
+struct MigrationView {
+  std::string key;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  Replica source;
+  Migration migration;
+};
+
+struct MigrationBatch {
+  std::vector<MigrationView> started;
+  uint64_t started_bytes = 0;
+  // Objects on the segment being written, or being copied already.
+  uint64_t in_flight = 0;
+  // Objects no target has room for, or whose copies failed too often.
+  uint64_t unplaceable = 0;
+};
+
+// A finished copy: the object as it is now, and the draining segment's replica it replaced.
+struct FinishedMigration {
+  ObjectView object;
+  Replica destination;
+  std::optional<Replica> dropped_source;
+};
+
 class IndexShard {
  public:
+  // Copies of an object that fail this often are not tried again.
+  static constexpr uint8_t kMaxFailedMigrations = 3;
+
   // Reserves `replica_num` ranges on distinct segments, trying `segments` in the given
   // order (fewer replicas if fewer segments have room; at least one). AlreadyExists if the
   // key is committed or being written; ResourceExhausted if no segment has room.
@@ -124,7 +165,8 @@ class IndexShard {
   std::optional<ObjectView> EvictOldest(absl::Time now, bool soft_pinned_too, size_t scan_limit)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Frees reservations whose deadline passed; returns how many.
+  // Frees reservations whose deadline passed, and the space of abandoned copies whose
+  // deadline passed; returns how many reservations.
   uint64_t ReclaimExpired(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops the replicas that live on removed segments; objects left without a replica are
@@ -135,6 +177,24 @@ class IndexShard {
   // (freeing their space; objects left without a replica are erased) and returns how many
   // replicas it still holds (leased, or of objects being written).
   uint64_t ReleaseReplicasOn(const MountedSegment& segment, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // For a draining segment `from`: starts copies of its committed objects, each to the first
+  // of `targets` that has room and holds no replica of the object, until `batch` holds
+  // `max_objects` or `max_bytes` (at least one object). An object being copied is leased
+  // until `deadline` (not evicted, not removed unless forced). Copies whose deadline passed
+  // are given back and started again. Ids come from `ids`.
+  void StartMigrations(const MountedSegment& from,
+                       absl::Span<const std::shared_ptr<MountedSegment>> targets,
+                       size_t max_objects, uint64_t max_bytes, absl::Time now,
+                       absl::Time deadline, std::atomic<uint64_t>& ids, MigrationBatch& batch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends copy `id` of `key`: when `copied`, its destination becomes a replica in place of the
+  // source's; else its space is given back. NotFound if there is no such copy any more (the
+  // object was removed, or the deadline passed).
+  absl::StatusOr<FinishedMigration> FinishMigration(absl::string_view key, uint64_t id,
+                                                    bool copied, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Adds a committed replica reported by a segment's manifest after a master restart.
@@ -165,6 +225,9 @@ class IndexShard {
   // Erases the object, returning its space to the allocators when `free_space`.
   void EraseLocked(Map::iterator it, bool free_space) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountPinLocked(PinMode pin, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops an object's copy in progress. Its space is given back only once its deadline has
+  // passed (ReclaimExpired): until then a mover may still write there.
+  void AbandonMigrationLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   Map objects_ ABSL_GUARDED_BY(mu_);
@@ -173,6 +236,13 @@ class IndexShard {
   // Committed objects, least recently used first.
   ObjectList<Object> lru_ ABSL_GUARDED_BY(mu_);
   Counts counts_ ABSL_GUARDED_BY(mu_);
+  // Destinations of abandoned copies, freed once their deadline passed.
+  struct AbandonedCopy {
+    Replica destination;
+    uint64_t size = 0;
+    absl::Time deadline;
+  };
+  std::vector<AbandonedCopy> abandoned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvpool::master

@@ -125,16 +125,96 @@ Master::HeartbeatReply Master::Heartbeat(const std::string& name, uint64_t incar
   return reply;
 }
 
-absl::Status Master::DrainSegment(const std::string& name) {
+absl::Status Master::DrainSegment(const std::string& name, bool migrate) {
+  std::shared_ptr<MountedSegment> segment = segments_.FindByName(name);
+  if (segment == nullptr) {
+    return ErrorStatus(v1::SEGMENT_NOT_FOUND, absl::StrCat("no segment named ", name));
+  }
+  // Set before draining starts, so that FinishDrains never sees the segment draining without
+  // its mover and drops what the mover is about to copy.
+  if (migrate) segment->SetMoverDeadline(options_.clock() + options_.put_timeout);
+  if (!segment->draining()) {
+    segment->MarkDraining();
+    KVPOOL_LOG(INFO) << "draining segment " << name << ": no new objects go there"
+                     << (migrate ? "; its objects are being copied elsewhere" : "");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MigrateStartResult> Master::MigrateStart(const std::string& name,
+                                                        size_t max_objects, uint64_t max_bytes) {
   std::shared_ptr<MountedSegment> segment = segments_.FindByName(name);
   if (segment == nullptr) {
     return ErrorStatus(v1::SEGMENT_NOT_FOUND, absl::StrCat("no segment named ", name));
   }
   if (!segment->draining()) {
-    segment->MarkDraining();
-    KVPOOL_LOG(INFO) << "draining segment " << name << ": no new objects go there";
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment ", name, " is not draining: drain it first"));
   }
-  return absl::OkStatus();
+  absl::Time now = options_.clock();
+  absl::Time deadline = now + options_.put_timeout;
+  segment->SetMoverDeadline(deadline);
+  // Targets with the most free space first.
+  std::vector<std::shared_ptr<MountedSegment>> targets = segments_.List();
+  std::erase_if(targets, [](const auto& target) { return !target->accepts_writes(); });
+  std::stable_sort(targets.begin(), targets.end(), [](const auto& a, const auto& b) {
+    return a->allocator().capacity() - a->allocator().used() >
+           b->allocator().capacity() - b->allocator().used();
+  });
+  MigrationBatch batch;
+  for (IndexShard& shard : shards_) {
+    shard.StartMigrations(*segment, targets, std::max<size_t>(max_objects, 1), max_bytes, now,
+                          deadline, next_put_id_, batch);
+  }
+  MigrateStartResult result{.in_flight = batch.in_flight, .unplaceable = batch.unplaceable};
+  for (const MigrationView& started : batch.started) {
+    result.migrations.push_back(MigrationPlan{
+        .key = started.key,
+        .id = started.migration.id,
+        .size = started.size,
+        .checksum = started.checksum,
+        .source = MakePlacement(started.source, started.size, wire::Opcode::kRead, deadline),
+        .destination = MakePlacement(started.migration.destination, started.size,
+                                     wire::Opcode::kWrite, deadline)});
+  }
+  if (result.migrations.empty() && result.in_flight == 0) {
+    segment->SetMoverDeadline(now);  // done: what is left cannot move
+    KVPOOL_LOG(INFO) << "segment " << name << ": every object that could move has moved ("
+                     << result.unplaceable << " could not)";
+  }
+  return result;
+}
+
+Durable<absl::Status> Master::MigrateEnd(absl::Span<const MigrationRef> refs) {
+  Durable<absl::Status> durable;
+  absl::Time now = options_.clock();
+  for (const MigrationRef& ref : refs) {
+    absl::Status valid = ValidateKey(ref.key);
+    if (!valid.ok()) {
+      durable.results.push_back(valid);
+      continue;
+    }
+    absl::StatusOr<FinishedMigration> finished =
+        ShardFor(ref.key).FinishMigration(ref.key, ref.id, ref.copied, now);
+    durable.results.push_back(finished.status());
+    if (!finished.ok() || !ref.copied) continue;
+    const ObjectView& object = finished->object;
+    manifest_sync_.Append(finished->destination.segment->id(),
+                          ManifestRecord{ManifestRecord::Kind::kAdd, ref.key,
+                                         finished->destination.offset, object.size,
+                                         object.checksum, object.pin},
+                          &durable.ticket);
+    if (const std::optional<Replica>& source = finished->dropped_source) {
+      manifest_sync_.Append(source->segment->id(),
+                            ManifestRecord{ManifestRecord::Kind::kForget, ref.key, source->offset,
+                                           object.size},
+                            &durable.ticket);
+      if (source->segment->mover_active(now)) {
+        source->segment->SetMoverDeadline(now + options_.put_timeout);
+      }
+    }
+  }
+  return durable;
 }
 
 size_t Master::ExpireSegments() {
@@ -156,7 +236,7 @@ size_t Master::FinishDrains() {
   size_t finished = 0;
   absl::Time now = options_.clock();
   for (const std::shared_ptr<MountedSegment>& segment : segments_.List()) {
-    if (!segment->draining()) continue;
+    if (!segment->draining() || segment->mover_active(now)) continue;
     uint64_t held = 0;
     for (IndexShard& shard : shards_) held += shard.ReleaseReplicasOn(*segment, now);
     if (held > 0) continue;  // leased or being written: wait for the next round

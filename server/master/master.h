@@ -101,6 +101,30 @@ struct Durable {
   ManifestSync::Ticket ticket;
 };
 
+// One copy a mover makes of a draining segment's object: read `source`, check the checksum,
+// write `destination`, report with MigrateEnd.
+struct MigrationPlan {
+  std::string key;
+  uint64_t id = 0;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  PlacementView source;
+  PlacementView destination;
+};
+
+struct MigrateStartResult {
+  std::vector<MigrationPlan> migrations;
+  // Objects not ready to move now (being written or copied); and those that cannot move.
+  uint64_t in_flight = 0;
+  uint64_t unplaceable = 0;
+};
+
+struct MigrationRef {
+  std::string key;
+  uint64_t id = 0;
+  bool copied = false;
+};
+
 struct SegmentSummary {
   std::string name;
   std::string host;
@@ -164,8 +188,18 @@ class Master {
   };
   HeartbeatReply Heartbeat(const std::string& name, uint64_t incarnation);
   // Stops placing objects on a segment; once nothing on it is leased or being written, its
-  // replicas are dropped and it is unmounted (FinishDrains). NotFound for an unknown name.
-  absl::Status DrainSegment(const std::string& name);
+  // replicas are dropped and it is unmounted (FinishDrains). With `migrate`, that waits for a
+  // mover to copy its objects elsewhere first (MigrateStart, MigrateEnd), as long as the mover
+  // calls at least once per put_timeout. NotFound for an unknown name.
+  absl::Status DrainSegment(const std::string& name, bool migrate = false);
+  // The next copies a mover of draining segment `name` should make (at most `max_objects`
+  // and about `max_bytes`); when none is answered and none is in flight the mover is done.
+  // NotFound for an unknown segment, FailedPrecondition if it is not draining.
+  absl::StatusOr<MigrateStartResult> MigrateStart(const std::string& name, size_t max_objects,
+                                                  uint64_t max_bytes);
+  // Copies made (or failed): a made copy replaces the draining segment's replica, in the
+  // manifests too. NotFound per key for a copy the master no longer expects.
+  Durable<absl::Status> MigrateEnd(absl::Span<const MigrationRef> refs);
   // Declares dead the segments silent for longer than segment_ttl; returns how many.
   size_t ExpireSegments();
   // Unmounts draining segments that hold nothing leased or pending any more.

@@ -37,6 +37,8 @@ enum class Rpc {
   kBatchRemove,
   kRemoveAll,
   kDrainSegment,
+  kMigrateStart,
+  kMigrateEnd,
   kGetClusterStatus,
   kCount,
 };

@@ -412,6 +412,125 @@ TEST_F(MasterTest, DrainedSegmentTakesNothingNewAndLeavesWhenNothingIsLeased) {
   EXPECT_EQ(got.replicas[0].segment_name, "b");
 }
 
+TEST_F(MasterTest, MigratingDrainMovesObjectsToOtherSegmentsBeforeLeaving) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Put("k" + std::to_string(i), 1000).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  EXPECT_EQ(master_.MigrateStart("a", 10, 1 << 20).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(master_.DrainSegment("a", /*migrate=*/true).ok());
+  // The mover has not called yet: the drain must not drop what it is about to copy.
+  EXPECT_EQ(master_.FinishDrains(), 0u);
+
+  // Batches of at most 4 objects; every copy goes from a to b, with tokens for both ranges.
+  MigrateStartResult first = *master_.MigrateStart("a", 4, 1 << 20);
+  ASSERT_EQ(first.migrations.size(), 4u);
+  for (const MigrationPlan& plan : first.migrations) {
+    EXPECT_EQ(plan.source.segment_name, "a");
+    EXPECT_EQ(plan.destination.segment_name, "b");
+    EXPECT_EQ(plan.size, 1000u);
+    wire::RequestHeader write{.opcode = wire::Opcode::kWrite,
+                              .offset = plan.destination.offset,
+                              .length = 1000,
+                              .token = plan.destination.token};
+    EXPECT_TRUE(wire::VerifyToken(secrets_["b"], write, now_).ok());
+    wire::RequestHeader read{.opcode = wire::Opcode::kRead,
+                             .offset = plan.source.offset,
+                             .length = 1000,
+                             .token = plan.source.token};
+    EXPECT_TRUE(wire::VerifyToken(secrets_["a"], read, now_).ok());
+  }
+  // Objects being copied are held: no unforced removal.
+  EXPECT_EQ(ToErrorCode(Remove(first.migrations[0].key)), v1::OBJECT_HAS_LEASE);
+  MigrateStartResult second = *master_.MigrateStart("a", 4, 1 << 20);
+  EXPECT_EQ(second.migrations.size(), 2u);
+  EXPECT_EQ(second.in_flight, 4u);
+
+  // Three copies made, one failed (retried later), and the last two made.
+  std::vector<MigrationRef> refs;
+  for (size_t i = 0; i < 4; ++i) {
+    refs.push_back({first.migrations[i].key, first.migrations[i].id, /*copied=*/i != 3});
+  }
+  for (const MigrationPlan& plan : second.migrations) refs.push_back({plan.key, plan.id, true});
+  Durable<absl::Status> ended = master_.MigrateEnd(refs);
+  for (const absl::Status& status : ended.results) EXPECT_TRUE(status.ok()) << status;
+  // A copy reported twice, or under another id, is not known any more.
+  EXPECT_EQ(master_.MigrateEnd({refs[0]}).results[0].code(), absl::StatusCode::kNotFound);
+
+  MigrateStartResult retry = *master_.MigrateStart("a", 4, 1 << 20);
+  ASSERT_EQ(retry.migrations.size(), 1u);
+  EXPECT_EQ(retry.migrations[0].key, first.migrations[3].key);
+  ASSERT_TRUE(master_.MigrateEnd({{retry.migrations[0].key, retry.migrations[0].id, true}})
+                  .results[0]
+                  .ok());
+  MigrateStartResult done = *master_.MigrateStart("a", 4, 1 << 20);
+  EXPECT_TRUE(done.migrations.empty());
+  EXPECT_EQ(done.in_flight, 0u);
+  EXPECT_EQ(done.unplaceable, 0u);
+
+  EXPECT_EQ(master_.FinishDrains(), 1u);
+  for (int i = 0; i < 6; ++i) {
+    GetResult got = master_.BatchGetReplicaList({"k" + std::to_string(i)})[0];
+    ASSERT_TRUE(got.status.ok()) << i;
+    ASSERT_EQ(got.replicas.size(), 1u);
+    EXPECT_EQ(got.replicas[0].segment_name, "b");
+  }
+  // The copies are b's space now, a's is gone with it; the failed copy's range stays taken
+  // until its write token expired (a late writer cannot hit a new object).
+  ClusterSummary summary = master_.GetClusterSummary();
+  ASSERT_EQ(summary.segments.size(), 1u);
+  EXPECT_EQ(summary.segments[0].replicas, 7u);
+  now_ += master_.options().put_timeout + absl::Seconds(1);
+  master_.ReclaimExpiredReservations();
+  summary = master_.GetClusterSummary();
+  EXPECT_EQ(summary.segments[0].replicas, 6u);
+  EXPECT_EQ(summary.used_bytes, 6 * RangeAllocator::Rounded(1000));
+}
+
+TEST_F(MasterTest, MigrationsThatCannotBePlacedOrKeepFailingAreDroppedWithTheSegment) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(Put("big", 600 << 10).ok());
+  ASSERT_TRUE(Put("flaky", 1000).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 512 << 10)).ok());
+  ASSERT_TRUE(master_.DrainSegment("a", /*migrate=*/true).ok());
+  for (int attempt = 0; attempt < IndexShard::kMaxFailedMigrations; ++attempt) {
+    MigrateStartResult started = *master_.MigrateStart("a", 10, 1 << 20);
+    ASSERT_EQ(started.migrations.size(), 1u) << attempt;
+    EXPECT_EQ(started.migrations[0].key, "flaky");
+    EXPECT_EQ(started.unplaceable, 1u);  // "big" fits nowhere else
+    master_.MigrateEnd({{"flaky", started.migrations[0].id, /*copied=*/false}});
+  }
+  MigrateStartResult done = *master_.MigrateStart("a", 10, 1 << 20);
+  EXPECT_TRUE(done.migrations.empty());
+  EXPECT_EQ(done.unplaceable, 2u);
+  // The given-back copies' space returns to b once their tokens expired.
+  now_ += master_.options().put_timeout + absl::Seconds(1);
+  master_.ReclaimExpiredReservations();
+  EXPECT_EQ(master_.FinishDrains(), 1u);
+  EXPECT_FALSE(Exists("big"));
+  EXPECT_FALSE(Exists("flaky"));
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 0u);
+}
+
+TEST_F(MasterTest, ASilentMoverLetsTheDrainFinishAfterThePutTimeout) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(Put("k", 1000).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  ASSERT_TRUE(master_.DrainSegment("a", /*migrate=*/true).ok());
+  MigrateStartResult started = *master_.MigrateStart("a", 10, 1 << 20);
+  ASSERT_EQ(started.migrations.size(), 1u);
+  now_ += master_.options().put_timeout - absl::Seconds(1);
+  EXPECT_EQ(master_.FinishDrains(), 0u);
+  now_ += absl::Seconds(2);
+  // The copy came too late: not used; the drain finishes without it.
+  EXPECT_EQ(master_.MigrateEnd({{"k", started.migrations[0].id, true}}).results[0].code(),
+            absl::StatusCode::kNotFound);
+  master_.ReclaimExpiredReservations();
+  EXPECT_EQ(master_.FinishDrains(), 1u);
+  EXPECT_FALSE(Exists("k"));
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 0u);
+}
+
 TEST_F(MasterTest, ManifestRecordsCommitsAndForgetsAndRebuildsTheIndex) {
   SegmentInfo info = Segment("a", 1 << 20);
   ASSERT_TRUE(master_.MountSegment(info).ok());

@@ -64,6 +64,14 @@ class MountedSegment {
   // being written.
   bool draining() const { return draining_.load(std::memory_order_acquire); }
   void MarkDraining() { draining_.store(true, std::memory_order_release); }
+  // While a mover copies a draining segment's objects elsewhere (Master::MigrateStart), the
+  // drain waits: until the mover is done or silent past this time.
+  void SetMoverDeadline(absl::Time deadline) {
+    mover_deadline_ns_.store(absl::ToUnixNanos(deadline), std::memory_order_release);
+  }
+  bool mover_active(absl::Time now) const {
+    return absl::FromUnixNanos(mover_deadline_ns_.load(std::memory_order_acquire)) > now;
+  }
   bool restoring() const { return restoring_.load(std::memory_order_acquire); }
   void FinishRestoring() { restoring_.store(false, std::memory_order_release); }
   bool accepts_writes() const { return !removed() && !draining() && !restoring(); }
@@ -76,6 +84,7 @@ class MountedSegment {
   std::atomic<int64_t> last_heartbeat_ns_;
   std::atomic<bool> removed_{false};
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> mover_deadline_ns_{0};
   std::atomic<bool> restoring_;
   std::atomic<int64_t> replica_count_{0};
 };

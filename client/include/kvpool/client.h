@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -175,6 +176,26 @@ struct ClusterStatus {
   std::vector<SegmentStatus> segments;
 };
 
+struct DrainReport {
+  uint64_t moved_objects = 0;
+  uint64_t moved_bytes = 0;
+  // Copies that failed (read, checksum or write); the master offers each again, up to 3 times.
+  uint64_t failed_copies = 0;
+  // Objects left to be dropped with the segment: no room elsewhere, or failed 3 times.
+  uint64_t unplaceable = 0;
+};
+
+struct DrainOptions {
+  // Copy the segment's objects elsewhere first (else they are dropped with it; those with a
+  // replica on another segment stay readable either way).
+  bool migrate = true;
+  // Copies per round trip to the master, and at most about this many bytes in memory.
+  size_t batch_objects = 256;
+  uint64_t batch_bytes = 64ull << 20;
+  // Called after each batch with the totals so far.
+  std::function<void(const DrainReport&)> progress;
+};
+
 class Client {
  public:
   // Unavailable if the master does not answer within options.connect_timeout.
@@ -242,9 +263,13 @@ class Client {
   // machine has no RDMA device (nothing to do then: the other transports need no
   // registration).
   absl::Status RegisterMemory(void* addr, size_t length);
-  // Stops new objects going to the segment; it is unmounted once nothing on it is leased or
-  // being written. NotFound (SEGMENT_NOT_FOUND) for an unknown name.
-  absl::Status DrainSegment(absl::string_view name);
+  // Stops new objects going to the segment and, with `options.migrate`, copies its objects
+  // to other segments (reading them from the draining segment, checking their checksums,
+  // writing them where the master says) before the master unmounts it; it is unmounted once
+  // nothing on it is leased or being written. Returns when the copying is done; what could
+  // not be copied (no room elsewhere, or failed 3 times) is dropped with the segment.
+  // NotFound (SEGMENT_NOT_FOUND) for an unknown name.
+  absl::StatusOr<DrainReport> DrainSegment(absl::string_view name, const DrainOptions& options = {});
 
   // This client's own metrics in the Prometheus text format (put/get latency histograms and
   // bytes moved), for an engine to append to its own /metrics endpoint. For prometheus-cpp
