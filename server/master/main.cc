@@ -182,11 +182,13 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s\n",
+      "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s "
+      "embedded_shm=%s\n",
       kvpool::FormatHostPort(grpc_address->host, static_cast<uint16_t>(grpc_port)).c_str(),
       kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host, *http_port).c_str(),
       embedded ? embedded->endpoint().c_str() : "none",
-      absl::StrCat(embedded ? embedded_size : 0).c_str());
+      absl::StrCat(embedded ? embedded_size : 0).c_str(),
+      embedded && !embedded->shm_socket().empty() ? embedded->shm_socket().c_str() : "none");
   std::fflush(stdout);
 
   int signal_number = kvpool::WaitForShutdownSignal();

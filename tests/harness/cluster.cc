@@ -1,5 +1,7 @@
 #include "tests/harness/cluster.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvpool::testing {
@@ -7,6 +9,17 @@ namespace kvpool::testing {
 // Generous: on a loaded 2-core machine a start can take seconds; a healthy one is quick, and
 // nothing here sleeps.
 constexpr absl::Duration kStartTimeout = absl::Seconds(60);
+
+FileRemover& FileRemover::operator=(FileRemover&& other) noexcept {
+  // A server restarted on the same port has the same socket: it is the new one's now.
+  if (path_ != other.path_ && !path_.empty()) unlink(path_.c_str());
+  path_ = std::exchange(other.path_, "");
+  return *this;
+}
+
+FileRemover::~FileRemover() {
+  if (!path_.empty()) unlink(path_.c_str());
+}
 
 std::string MasterBinary() { return KVPOOL_MASTER_BIN; }
 std::string SegmentBinary() { return KVPOOL_SEGMENT_BIN; }
@@ -26,6 +39,9 @@ absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_
   master.grpc = Field(*line, "grpc");
   master.http = Field(*line, "http");
   master.embedded_segment = Field(*line, "embedded_segment");
+  if (std::string shm = Field(*line, "embedded_shm"); !shm.empty() && shm != "none") {
+    master.embedded_shm_socket = FileRemover(shm);
+  }
   return master;
 }
 
@@ -44,6 +60,7 @@ absl::StatusOr<SegmentProcess> StartSegment(const std::string& master, const std
   segment.name = Field(*line, "name");
   segment.data = Field(*line, "data");
   segment.http = Field(*line, "http");
+  if (std::string shm = Field(*line, "shm"); shm != "none") segment.shm_socket = FileRemover(shm);
   absl::StatusOr<std::string> mounted =
       (*process)->WaitForLine("kvpool-segment mounted", kStartTimeout);
   if (!mounted.ok()) return mounted.status();

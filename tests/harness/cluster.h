@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,7 +18,23 @@ std::string MasterBinary();
 std::string SegmentBinary();
 std::string CtlBinary();
 
+// Removes a file when destroyed: the shared-memory socket of a server that a test killed
+// (SIGKILL leaves it behind). Moving hands the duty over.
+class FileRemover {
+ public:
+  FileRemover() = default;
+  explicit FileRemover(std::string path) : path_(std::move(path)) {}
+  FileRemover(FileRemover&& other) noexcept : path_(std::exchange(other.path_, "")) {}
+  FileRemover& operator=(FileRemover&& other) noexcept;
+  ~FileRemover();
+
+ private:
+  std::string path_;
+};
+
+// Members are destroyed in reverse order: the process dies before its socket is removed.
 struct MasterProcess {
+  FileRemover embedded_shm_socket;
   std::unique_ptr<Process> process;
   std::string grpc;              // "127.0.0.1:PORT"
   std::string http;              // "127.0.0.1:PORT"
@@ -30,6 +47,7 @@ absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_
                                           const std::string& listen = "127.0.0.1:0");
 
 struct SegmentProcess {
+  FileRemover shm_socket;
   std::unique_ptr<Process> process;
   std::string name;
   std::string data;  // data-plane endpoint
