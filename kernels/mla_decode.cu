@@ -451,7 +451,9 @@ struct MlaConfig {
   static_assert(kSmemBytes <= kMaxSmem, "shared memory");
 };
 
-template <typename KV, bool kQBf16, int kN>
+// kBulk: the producer copies each row with one bulk copy (the first version) instead of
+// 16-byte cp.async pieces; kept as a benchmark variant.
+template <typename KV, bool kQBf16, int kN, bool kBulk>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_constant__ MlaParams p) {
   using C = MlaConfig<KV, kN>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
@@ -459,6 +461,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
   constexpr int kS = C::kStages;
   constexpr int kNT = kN / 8;              // n-tiles of 8 heads
   constexpr int kChains = kNT >= 4 ? 1 : 2;  // independent MMA chains per n-tile in S
+  // A stage is full after the producer's lane 0 has named its item and each producer lane's
+  // copies have landed (bulk copies: one arrival, and the bytes).
+  constexpr int kFullArrivals = kBulk ? 1 : 33;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int lane = threadIdx.x % 32;
@@ -469,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
   int* meta = reinterpret_cast<int*>(smem + C::kMetaOffset);  // work item of each stage
   if (threadIdx.x == 0) {
     for (int s = 0; s < kS; ++s) {
-      detail::MbarInit(full + 8 * s, 1);
+      detail::MbarInit(full + 8 * s, kFullArrivals);
       detail::MbarInit(empty + 8 * s, kConsumerWarps);
     }
     detail::FenceBarrierInit();
@@ -498,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         const uint32_t s = acquire();
         if (lane == 0) {
           meta[s] = -1;
-          detail::MbarArrive(full + 8 * s);
+          detail::MbarArriveCount(full + 8 * s, kFullArrivals);
         }
         break;
       }
@@ -518,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         const uint32_t s = acquire();
         if (lane == 0) {
           meta[s] = cur;
-          detail::MbarArrive(full + 8 * s);
+          detail::MbarArriveCount(full + 8 * s, kFullArrivals);
         }
         ++g;
         continue;
@@ -529,16 +534,35 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
       for (int k = 0; k < nst; ++k) {
         const uint32_t s = acquire();
         const int tok = token(k);
-        detail::FenceProxyAsync();
-        if (lane == 0) {
-          meta[s] = cur;
-          detail::MbarArriveExpectTx(full + 8 * s, kStageTokens * C::kRowBytes);
-        }
-        __syncwarp();
         const uint8_t* src =
             p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
-        detail::BulkCopyG2S(base + s * C::kStageBytes + lane * C::kPitch, src, C::kRowBytes,
-                            full + 8 * s);
+        const uint32_t dst = base + s * C::kStageBytes;
+        if constexpr (kBulk) {
+          detail::FenceProxyAsync();
+          if (lane == 0) {
+            meta[s] = cur;
+            detail::MbarArriveExpectTx(full + 8 * s, kStageTokens * C::kRowBytes);
+          }
+          __syncwarp();
+          detail::BulkCopyG2S(dst + lane * C::kPitch, src, C::kRowBytes, full + 8 * s);
+        } else {
+          // Row by row, the whole warp on one row: 512 contiguous bytes per instruction.
+          constexpr int kChunks = C::kRowBytes / 16;
+#pragma unroll 4
+          for (int j = 0; j < kStageTokens; ++j) {
+            const auto* row = reinterpret_cast<const uint8_t*>(
+                __shfl_sync(kFull, reinterpret_cast<unsigned long long>(src), j));
+#pragma unroll
+            for (int c = lane; c < kChunks; c += 32) {
+              detail::CpAsync16(dst + j * C::kPitch + 16 * c, row + 16 * c, 16);
+            }
+          }
+          detail::CpAsyncMbarArrive(full + 8 * s);  // once this lane's copies have landed
+          if (lane == 0) {
+            meta[s] = cur;
+            detail::MbarArrive(full + 8 * s);
+          }
+        }
         ++g;
         if (k + 1 < nst) blk = __ldg(table + token(k + 1) / p.block_size);
       }
@@ -915,11 +939,11 @@ int ResidentCtasOf(Kernel kernel, int threads, int smem_bytes) {
   return per_sm * detail::NumSms();
 }
 
-template <typename KV, bool kQBf16, int kN>
+template <typename KV, bool kQBf16, int kN, bool kBulk = false>
 cudaError_t RunMla(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                    cudaStream_t stream, size_t* need) {
   using C = MlaConfig<KV, kN>;
-  auto kernel = MlaDecodeKernel<KV, kQBf16, kN>;
+  auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kBulk>;
   static const int ctas = ResidentCtasOf(kernel, kThreads, C::kSmemBytes);
   return LaunchMla<kQBf16>(kernel, kThreads, C::kSmemBytes, ctas, kN, kTileTokens, p,
                            max_seq_len, ws_bytes, ws, stream, need);
@@ -948,6 +972,9 @@ cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* 
       return RunMlaV1<KV, kQBf16, 1, true>(p, max_seq_len, ws_bytes, ws, stream, need);
     case 3:
       return RunMla<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
+    case 4:
+      if (by32) return RunMla<KV, kQBf16, 32, true>(p, max_seq_len, ws_bytes, ws, stream, need);
+      return RunMla<KV, kQBf16, 16, true>(p, max_seq_len, ws_bytes, ws, stream, need);
     default:
       if (by32) return RunMla<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need);
       return RunMla<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
