@@ -451,8 +451,8 @@ struct MlaConfig {
   static_assert(kSmemBytes <= kMaxSmem, "shared memory");
 };
 
-// kBulk: the producer copies each row with one bulk copy (the first version) instead of
-// 16-byte cp.async pieces; kept as a benchmark variant.
+// kBulk: the producer copies each row with one bulk copy; otherwise in 16-byte cp.async pieces
+// (a benchmark variant: slower, its copies queue with the consumers' shared-memory loads).
 template <typename KV, bool kQBf16, int kN, bool kBulk>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_constant__ MlaParams p) {
   using C = MlaConfig<KV, kN>;
@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
   constexpr bool kMB = C::kMmaBf16;
   constexpr int kS = C::kStages;
   constexpr int kNT = kN / 8;              // n-tiles of 8 heads
-  constexpr int kChains = kNT >= 4 ? 1 : 2;  // independent MMA chains per n-tile in S
+  constexpr int kChains = kNT >= 4 ? 1 : 4;  // independent MMA chains per n-tile in S
   // A stage is full after the producer's lane 0 has named its item and each producer lane's
   // copies have landed (bulk copies: one arrival, and the bytes).
   constexpr int kFullArrivals = kBulk ? 1 : 33;
@@ -662,33 +662,59 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) sc[c][nt][0] = sc[c][nt][1] = sc[c][nt][2] = sc[c][nt][3] = 0.0f;
       }
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t a0, a1, a2, a3;
-        if constexpr (kFp8) {
-          const uint32_t x0 = detail::LdShared4(krows + r * C::kPitch + 16 * ks + 4 * qd);
-          const uint32_t x1 = detail::LdShared4(krows + (r + 8) * C::kPitch + 16 * ks + 4 * qd);
-          detail::Fp8x4ToHalf2x2(x0, a0, a2);
-          detail::Fp8x4ToHalf2x2(x1, a1, a3);
+      // Fragments are loaded kDist k-steps ahead of their MMAs (ptxas keeps the written order
+      // of the inline-asm loads and MMAs, so the prefetch has to be spelled out).
+      constexpr int kDist = kNT >= 4 ? 1 : 2;
+      constexpr int kBuf = kDist + 1;
+      uint32_t af[kBuf][4], bq[kBuf][kNT / 2][4];
+      auto load_s = [&](int ks, uint32_t(&a)[4], uint32_t(&bb)[kNT / 2][4]) {
+        if constexpr (kFp8) {  // raw e4m3 words, converted at use
+          a[0] = detail::LdShared4(krows + r * C::kPitch + 16 * ks + 4 * qd);
+          a[1] = detail::LdShared4(krows + (r + 8) * C::kPitch + 16 * ks + 4 * qd);
         } else {
-          detail::LdMatrixX4(krows + (8 * (mi & 1) + mr) * C::kPitch + (16 * ks + 8 * (mi >> 1)) * 2,
-                             a0, a1, a2, a3);
+          detail::LdMatrixX4(
+              krows + (8 * (mi & 1) + mr) * C::kPitch + (16 * ks + 8 * (mi >> 1)) * 2, a[0], a[1],
+              a[2], a[3]);
         }
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
-          uint32_t b0, b1, b2, b3;
           detail::LdMatrixX4(qsm + (16 * np + 8 * (mi >> 1) + mr) * C::kQPitch +
                                  (16 * ks + 8 * (mi & 1)) * 2,
-                             b0, b1, b2, b3);
-          detail::Mma16816<kMB>(sc[ks % kChains][2 * np], a0, a1, a2, a3, b0, b1);
-          detail::Mma16816<kMB>(sc[ks % kChains][2 * np + 1], a0, a1, a2, a3, b2, b3);
+                             bb[np][0], bb[np][1], bb[np][2], bb[np][3]);
+        }
+      };
+#pragma unroll
+      for (int i = 0; i < kDist; ++i) load_s(i, af[i], bq[i]);
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        if (ks + kDist < kKSteps) {
+          load_s(ks + kDist, af[(ks + kDist) % kBuf], bq[(ks + kDist) % kBuf]);
+        }
+        const int cb = ks % kBuf;
+        uint32_t a0, a1, a2, a3;
+        if constexpr (kFp8) {
+          detail::Fp8x4ToHalf2x2(af[cb][0], a0, a2);
+          detail::Fp8x4ToHalf2x2(af[cb][1], a1, a3);
+        } else {
+          a0 = af[cb][0];
+          a1 = af[cb][1];
+          a2 = af[cb][2];
+          a3 = af[cb][3];
+        }
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+          detail::Mma16816<kMB>(sc[ks % kChains][2 * np], a0, a1, a2, a3, bq[cb][np][0],
+                                bq[cb][np][1]);
+          detail::Mma16816<kMB>(sc[ks % kChains][2 * np + 1], a0, a1, a2, a3, bq[cb][np][2],
+                                bq[cb][np][3]);
         }
       }
-      if constexpr (kChains == 2) {
+#pragma unroll
+      for (int ch = 1; ch < kChains; ++ch) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-          for (int c = 0; c < 4; ++c) sc[0][nt][c] += sc[1][nt][c];
+          for (int c = 0; c < 4; ++c) sc[0][nt][c] += sc[ch][nt][c];
         }
       }
 
@@ -746,58 +772,88 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
           for (int c = 0; c < 4; ++c) acc[mt][nt][c] *= alpha[nt][c & 1];
         }
       }
+      // P^T fragments of the whole tile first, then the value fragments kVDist steps ahead of
+      // their MMAs. Stage a (tokens 0-31) is released as soon as its last MMA has its operands.
+      constexpr int kKS = kTileTokens / 16;
+      uint32_t pb[kKS][kNT][2];
 #pragma unroll
-      for (int ks = 0; ks < kTileTokens / 16; ++ks) {
-        uint32_t pb[kNT][2];
+      for (int ks = 0; ks < kKS; ++ks) {
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           detail::LdMatrixX4Trans(psm + (16 * ks + 8 * (mi & 1) + mr) * C::kPPitch +
                                       (16 * np + 8 * (mi >> 1)) * 2,
-                                  pb[2 * np][0], pb[2 * np][1], pb[2 * np + 1][0],
-                                  pb[2 * np + 1][1]);
+                                  pb[ks][2 * np][0], pb[ks][2 * np][1], pb[ks][2 * np + 1][0],
+                                  pb[ks][2 * np + 1][1]);
         }
-        const uint32_t vrows = (ks < 2 ? stage_a : stage_b) + 16 * (ks % 2) * C::kPitch;
-        if constexpr (kFp8) {
+      }
+      auto vrows = [&](int ks) {
+        return (ks < 2 ? stage_a : stage_b) + 16 * (ks % 2) * C::kPitch;
+      };
+      auto release_a = [&] {
+        __syncwarp();
+        if (lane == 0) detail::MbarArrive(empty + 8 * sa);
+      };
+      if constexpr (kFp8) {
+        // Step i: tokens 16 (i / 4) .., dims 32 (i % 4) + [0, 32) of this warp's slice.
+        constexpr int kSteps = kKS * 4, kVDist = 1;
+        uint32_t vx[kVDist + 1][4];
+        auto load_v = [&](int i, uint32_t(&x)[4]) {
+          const uint32_t off =
+              vrows(i / 4) + w * kDimsPerWarp + 32 * (i % 4) + 4 * r + 2 * qd * C::kPitch;
+          x[0] = detail::LdShared4(off);
+          x[1] = detail::LdShared4(off + C::kPitch);
+          x[2] = detail::LdShared4(off + 8 * C::kPitch);
+          x[3] = detail::LdShared4(off + 9 * C::kPitch);
+        };
+        load_v(0, vx[0]);
 #pragma unroll
-          for (int gm = 0; gm < 4; ++gm) {
-            const uint32_t off = vrows + w * kDimsPerWarp + 32 * gm + 4 * r + 2 * qd * C::kPitch;
-            uint32_t lo[4], hi[4];
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off), lo[0], hi[0]);
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + C::kPitch), lo[1], hi[1]);
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + 8 * C::kPitch), lo[2], hi[2]);
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + 9 * C::kPitch), lo[3], hi[3]);
+        for (int i = 0; i < kSteps; ++i) {
+          if (i + kVDist < kSteps) load_v(i + kVDist, vx[(i + kVDist) % (kVDist + 1)]);
+          const uint32_t(&x)[4] = vx[i % (kVDist + 1)];
+          const int ks = i / 4, gm = i % 4;
+          uint32_t lo[4], hi[4];
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const uint32_t* x4 = hh ? hi : lo;
-              const uint32_t a0 = __byte_perm(x4[0], x4[1], 0x5410);
-              const uint32_t a1 = __byte_perm(x4[0], x4[1], 0x7632);
-              const uint32_t a2 = __byte_perm(x4[2], x4[3], 0x5410);
-              const uint32_t a3 = __byte_perm(x4[2], x4[3], 0x7632);
+          for (int j = 0; j < 4; ++j) detail::Fp8x4ToHalf2x2(x[j], lo[j], hi[j]);
 #pragma unroll
-              for (int nt = 0; nt < kNT; ++nt) {
-                detail::Mma16816<kMB>(acc[2 * gm + hh][nt], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
-              }
-            }
-          }
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < 8; ++mt) {
-            uint32_t a0, a1, a2, a3;
-            detail::LdMatrixX4Trans(vrows + (8 * (mi >> 1) + mr) * C::kPitch +
-                                        (w * kDimsPerWarp + 16 * mt + 8 * (mi & 1)) * 2,
-                                    a0, a1, a2, a3);
+          for (int hh = 0; hh < 2; ++hh) {
+            const uint32_t* x4 = hh ? hi : lo;
+            const uint32_t a0 = __byte_perm(x4[0], x4[1], 0x5410);
+            const uint32_t a1 = __byte_perm(x4[0], x4[1], 0x7632);
+            const uint32_t a2 = __byte_perm(x4[2], x4[3], 0x5410);
+            const uint32_t a3 = __byte_perm(x4[2], x4[3], 0x7632);
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
-              detail::Mma16816<kMB>(acc[mt][nt], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
+              detail::Mma16816<kMB>(acc[2 * gm + hh][nt], a0, a1, a2, a3, pb[ks][nt][0],
+                                    pb[ks][nt][1]);
             }
           }
+          if (i == 2 * 4 - 1) release_a();
+        }
+      } else {
+        // Step i: tokens 16 (i / 8) .., dims 16 (i % 8) + [0, 16) of this warp's slice.
+        constexpr int kSteps = kKS * 8, kVDist = 2;
+        uint32_t va[kVDist + 1][4];
+        auto load_v = [&](int i, uint32_t(&a)[4]) {
+          detail::LdMatrixX4Trans(vrows(i / 8) + (8 * (mi >> 1) + mr) * C::kPitch +
+                                      (w * kDimsPerWarp + 16 * (i % 8) + 8 * (mi & 1)) * 2,
+                                  a[0], a[1], a[2], a[3]);
+        };
+#pragma unroll
+        for (int i = 0; i < kVDist; ++i) load_v(i, va[i]);
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          if (i + kVDist < kSteps) load_v(i + kVDist, va[(i + kVDist) % (kVDist + 1)]);
+          const uint32_t(&a)[4] = va[i % (kVDist + 1)];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            detail::Mma16816<kMB>(acc[i % 8][nt], a[0], a[1], a[2], a[3], pb[i / 8][nt][0],
+                                  pb[i / 8][nt][1]);
+          }
+          if (i == 2 * 8 - 1) release_a();
         }
       }
       __syncwarp();
-      if (lane == 0) {
-        detail::MbarArrive(empty + 8 * sa);
-        detail::MbarArrive(empty + 8 * sb);
-      }
+      if (lane == 0) detail::MbarArrive(empty + 8 * sb);
       g += 2;
     }
 
@@ -939,7 +995,7 @@ int ResidentCtasOf(Kernel kernel, int threads, int smem_bytes) {
   return per_sm * detail::NumSms();
 }
 
-template <typename KV, bool kQBf16, int kN, bool kBulk = false>
+template <typename KV, bool kQBf16, int kN, bool kBulk = true>
 cudaError_t RunMla(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                    cudaStream_t stream, size_t* need) {
   using C = MlaConfig<KV, kN>;
@@ -973,8 +1029,8 @@ cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* 
     case 3:
       return RunMla<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
     case 4:
-      if (by32) return RunMla<KV, kQBf16, 32, true>(p, max_seq_len, ws_bytes, ws, stream, need);
-      return RunMla<KV, kQBf16, 16, true>(p, max_seq_len, ws_bytes, ws, stream, need);
+      if (by32) return RunMla<KV, kQBf16, 32, false>(p, max_seq_len, ws_bytes, ws, stream, need);
+      return RunMla<KV, kQBf16, 16, false>(p, max_seq_len, ws_bytes, ws, stream, need);
     default:
       if (by32) return RunMla<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need);
       return RunMla<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
