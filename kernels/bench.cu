@@ -572,7 +572,7 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       const double tbs = bytes / (ms * 1e-3) / 1e12;
       const char* note = row.variant == 1   ? " (variant: previous kernel)"
                          : row.variant == 3 ? " (variant: 16 heads per block)"
-                         : row.variant == 4 ? " (variant: rows in 16-byte cp.async pieces)"
+                         : row.variant == 4 ? " (variant: one bulk copy per row)"
                                             : "";
       std::printf("| %d | %s | %.1f | %.2f | %.2fx%s |\n", heads, kv_name, ms * 1e3, tbs,
                   tbs / ceil.read_tbs, note);

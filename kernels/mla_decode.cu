@@ -1,5 +1,8 @@
 #include "kernels/mla_decode.cuh"
 
+#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder comes via cudart)
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -40,6 +43,8 @@ constexpr int kVSlice = kMlaVDim / kGroupWarps;    // 64 value dims per warp
 constexpr unsigned kFull = 0xffffffffu;
 
 struct MlaParams {
+  CUtensorMap kv_map;  // the cache as [num_blocks][block_size][576] for tensor copies
+  int box_rows;        // rows per tensor copy: 32, or 16 for 16-token blocks
   const void* q;
   const uint8_t* kv;
   int64_t block_stride;  // bytes
@@ -424,47 +429,52 @@ constexpr int kKSteps = kMlaKDim / 16;      // 36
 constexpr int kDimsPerWarp = kMlaVDim / kConsumerWarps;  // 128 value dims per warp in P V
 constexpr int kMaxSmem = 227 * 1024;        // the H100/H200 per-block opt-in limit
 
-template <typename KV, int kN>
+template <typename KV, int kN, bool kTma>
 struct MlaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
   static constexpr int kRowBytes = kMlaKDim * kEB;
-  // Row pitches: 16-bit rows shift by 16 bytes (ldmatrix rows on distinct banks), e4m3 rows by
-  // 4 words mod 32 (32-bit fragment loads on distinct banks).
+  // Per-row copies: padded rows. 16-bit rows shift by 16 bytes (ldmatrix rows on distinct
+  // banks), e4m3 rows by 4 words mod 32 (32-bit fragment loads on distinct banks).
   static constexpr int kPitch = kEB == 2 ? 1168 : 656;
-  static constexpr int kStageBytes = kStageTokens * kPitch;
+  // Tensor copies: the stage is 9 column slabs of 64 elements (kSpan bytes per row), each
+  // [32 rows][kSpan] with the 16-byte pieces of a row XOR-swizzled by the copy engine (128-byte
+  // swizzle for 16-bit values, 64-byte for e4m3), which spreads the rows over the banks.
+  static constexpr int kSpan = kEB == 2 ? 128 : 64;
+  static constexpr int kSlabBytes = kStageTokens * kSpan;
+  static constexpr int kStageBytes = kTma ? kStageTokens * kRowBytes : kStageTokens * kPitch;
   static constexpr int kQPitch = 1168;          // the query as 16-bit MMA operands, per head
   static constexpr int kQBytes = kN * kQPitch;
   static constexpr int kPPitch = 2 * kN + 16;   // P^T: one row of kN 16-bit values per token
   static constexpr int kPBytes = kTileTokens * kPPitch;
   static constexpr int kStatBytes = kConsumerWarps * kN * 4;  // per-warp maxima, then sums
   static constexpr int kFixedBytes = kQBytes + kPBytes + 2 * kStatBytes + 256;
-  static constexpr int kStages = (kMaxSmem - kFixedBytes) / (kStageBytes + 20);
+  static constexpr int kStages = (kMaxSmem - 1024 - kFixedBytes) / (kStageBytes + 20);
   static constexpr int kQOffset = kStages * kStageBytes;
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kMaxOffset = kPOffset + kPBytes;
   static constexpr int kSumOffset = kMaxOffset + kStatBytes;
   static constexpr int kMetaOffset = kSumOffset + kStatBytes;
   static constexpr int kBarOffset = (kMetaOffset + 4 * kStages + 7) / 8 * 8;
-  static constexpr int kSmemBytes = kBarOffset + 16 * kStages;
+  static constexpr int kSmemBytes = kBarOffset + 16 * kStages + 1024;  // + alignment slack
   static_assert(kStages >= 4, "a tile in use and one in flight at least");
   static_assert(kSmemBytes <= kMaxSmem, "shared memory");
 };
 
-// kBulk: the producer copies each row with one bulk copy; otherwise in 16-byte cp.async pieces
-// (a benchmark variant: slower, its copies queue with the consumers' shared-memory loads).
-template <typename KV, bool kQBf16, int kN, bool kBulk>
+// kTma: the producer fills a stage with tensor copies of 64-element column slabs (9 or 18 per
+// stage); otherwise with one bulk copy per row (32 per stage, padded rows).
+template <typename KV, bool kQBf16, int kN, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_constant__ MlaParams p) {
-  using C = MlaConfig<KV, kN>;
+  using C = MlaConfig<KV, kN, kTma>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   constexpr int kS = C::kStages;
   constexpr int kNT = kN / 8;              // n-tiles of 8 heads
   constexpr int kChains = kNT >= 4 ? 1 : 4;  // independent MMA chains per n-tile in S
-  // A stage is full after the producer's lane 0 has named its item and each producer lane's
-  // copies have landed (bulk copies: one arrival, and the bytes).
-  constexpr int kFullArrivals = kBulk ? 1 : 33;
-  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kFullArrivals = 1;  // the producer's, with the bytes it expects
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // The copy engine's swizzle follows address bits: stages start on 1024-byte boundaries.
+  uint8_t* smem = smem_raw + ((1024 - detail::SmemAddr(smem_raw) % 1024) % 1024);
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -529,42 +539,50 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         continue;
       }
       const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
-      auto token = [&](int k) { return min(start + k * kStageTokens + lane, end - 1); };
-      int blk = __ldg(table + token(0) / p.block_size);
-      for (int k = 0; k < nst; ++k) {
-        const uint32_t s = acquire();
-        const int tok = token(k);
-        const uint8_t* src =
-            p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
-        const uint32_t dst = base + s * C::kStageBytes;
-        if constexpr (kBulk) {
+      if constexpr (kTma) {
+        // Lane 0 copies each stage as (32 / box_rows) x 9 boxes of [box_rows][64 elements].
+        // Boxes past the sequence's last token repeat the last valid box (the consumers zero
+        // rows past the end), so no table entry beyond the sequence is read.
+        const int box = p.box_rows;
+        const int last_box = (end - 1) / box * box;
+        for (int k = 0; k < nst; ++k) {
+          const uint32_t s = acquire();
+          if (lane == 0) {
+            meta[s] = cur;
+            detail::MbarArriveExpectTx(full + 8 * s, kStageTokens * C::kRowBytes);
+            const uint32_t dst = base + s * C::kStageBytes;
+            for (int h = 0; h < kStageTokens; h += box) {
+              const int t = min(start + k * kStageTokens + h, last_box);
+              const int blk = __ldg(table + t / p.block_size);
+#pragma unroll
+              for (int j = 0; j < kMlaKDim / 64; ++j) {
+                detail::TmaLoad3D(dst + j * C::kSlabBytes + h * C::kSpan, &p.kv_map, 64 * j,
+                                  t % p.block_size, blk, full + 8 * s);
+              }
+            }
+          }
+          __syncwarp();
+          ++g;
+        }
+      } else {
+        auto token = [&](int k) { return min(start + k * kStageTokens + lane, end - 1); };
+        int blk = __ldg(table + token(0) / p.block_size);
+        for (int k = 0; k < nst; ++k) {
+          const uint32_t s = acquire();
+          const int tok = token(k);
+          const uint8_t* src =
+              p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
           detail::FenceProxyAsync();
           if (lane == 0) {
             meta[s] = cur;
             detail::MbarArriveExpectTx(full + 8 * s, kStageTokens * C::kRowBytes);
           }
           __syncwarp();
-          detail::BulkCopyG2S(dst + lane * C::kPitch, src, C::kRowBytes, full + 8 * s);
-        } else {
-          // Row by row, the whole warp on one row: 512 contiguous bytes per instruction.
-          constexpr int kChunks = C::kRowBytes / 16;
-#pragma unroll 4
-          for (int j = 0; j < kStageTokens; ++j) {
-            const auto* row = reinterpret_cast<const uint8_t*>(
-                __shfl_sync(kFull, reinterpret_cast<unsigned long long>(src), j));
-#pragma unroll
-            for (int c = lane; c < kChunks; c += 32) {
-              detail::CpAsync16(dst + j * C::kPitch + 16 * c, row + 16 * c, 16);
-            }
-          }
-          detail::CpAsyncMbarArrive(full + 8 * s);  // once this lane's copies have landed
-          if (lane == 0) {
-            meta[s] = cur;
-            detail::MbarArrive(full + 8 * s);
-          }
+          detail::BulkCopyG2S(base + s * C::kStageBytes + lane * C::kPitch, src, C::kRowBytes,
+                              full + 8 * s);
+          ++g;
+          if (k + 1 < nst) blk = __ldg(table + token(k + 1) / p.block_size);
         }
-        ++g;
-        if (k + 1 < nst) blk = __ldg(table + token(k + 1) / p.block_size);
       }
     }
     return;
@@ -585,6 +603,17 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
   float* wsum = reinterpret_cast<float*>(smem + C::kSumOffset);
   constexpr int kBar = 1;  // named barrier of the consumer warps
   constexpr int kBarThreads = kConsumerWarps * 32;
+  // Shared address of byte `byte` of row `row` (0-31) of the stage at `stage`.
+  auto kv_at = [](uint32_t stage, int row, int byte) -> uint32_t {
+    if constexpr (kTma) {
+      const int within = byte % C::kSpan;
+      const int piece = within / 16;
+      const int swz = C::kSpan == 128 ? piece ^ (row & 7) : piece ^ ((row >> 1) & 3);
+      return stage + (byte / C::kSpan) * C::kSlabBytes + row * C::kSpan + 16 * swz + within % 16;
+    } else {
+      return stage + row * C::kPitch + byte;
+    }
+  };
 
   uint32_t g = 0;  // stages consumed so far (mirrors the producer)
   while (true) {
@@ -653,9 +682,25 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
       const uint32_t stage_a = base + sa * C::kStageBytes;
       const uint32_t stage_b = base + sb * C::kStageBytes;
       const int tok0 = start + k * kTileTokens;
+      if constexpr (kTma) {
+        // Rows past the sequence end hold other cache slots (maybe NaN): zero them, so that
+        // their zero probabilities meet finite values.
+        const int valid = end - tok0;
+        if (valid < kTileTokens) {
+          constexpr int kPieces = C::kRowBytes / 16;
+          for (int i = threadIdx.x; i < (kTileTokens - valid) * kPieces; i += kBarThreads) {
+            const int row = valid + i / kPieces;
+            const uint32_t st = row < kStageTokens ? stage_a : stage_b;
+            detail::StShared16Zero(kv_at(st, row % kStageTokens, 16 * (i % kPieces)));
+          }
+          detail::FenceProxyAsync();  // before the copy engine writes these bytes again
+          detail::NamedBarrier(kBar, kBarThreads);
+        }
+      }
 
       // 1. S^T for this warp's 16 tokens, all heads, all 576 key dims.
-      const uint32_t krows = (w < 2 ? stage_a : stage_b) + 16 * (w % 2) * C::kPitch;
+      const uint32_t kstage = w < 2 ? stage_a : stage_b;
+      const int krow = 16 * (w % 2);  // this warp's first row in that stage
       float sc[kChains][kNT][4];
 #pragma unroll
       for (int c = 0; c < kChains; ++c) {
@@ -669,12 +714,11 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
       uint32_t af[kBuf][4], bq[kBuf][kNT / 2][4];
       auto load_s = [&](int ks, uint32_t(&a)[4], uint32_t(&bb)[kNT / 2][4]) {
         if constexpr (kFp8) {  // raw e4m3 words, converted at use
-          a[0] = detail::LdShared4(krows + r * C::kPitch + 16 * ks + 4 * qd);
-          a[1] = detail::LdShared4(krows + (r + 8) * C::kPitch + 16 * ks + 4 * qd);
+          a[0] = detail::LdShared4(kv_at(kstage, krow + r, 16 * ks + 4 * qd));
+          a[1] = detail::LdShared4(kv_at(kstage, krow + r + 8, 16 * ks + 4 * qd));
         } else {
-          detail::LdMatrixX4(
-              krows + (8 * (mi & 1) + mr) * C::kPitch + (16 * ks + 8 * (mi >> 1)) * 2, a[0], a[1],
-              a[2], a[3]);
+          detail::LdMatrixX4(kv_at(kstage, krow + 8 * (mi & 1) + mr, 32 * ks + 16 * (mi >> 1)),
+                             a[0], a[1], a[2], a[3]);
         }
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
@@ -786,9 +830,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
                                   pb[ks][2 * np + 1][1]);
         }
       }
-      auto vrows = [&](int ks) {
-        return (ks < 2 ? stage_a : stage_b) + 16 * (ks % 2) * C::kPitch;
-      };
+      auto vstage = [&](int ks) { return ks < 2 ? stage_a : stage_b; };
       auto release_a = [&] {
         __syncwarp();
         if (lane == 0) detail::MbarArrive(empty + 8 * sa);
@@ -798,12 +840,13 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         constexpr int kSteps = kKS * 4, kVDist = 1;
         uint32_t vx[kVDist + 1][4];
         auto load_v = [&](int i, uint32_t(&x)[4]) {
-          const uint32_t off =
-              vrows(i / 4) + w * kDimsPerWarp + 32 * (i % 4) + 4 * r + 2 * qd * C::kPitch;
-          x[0] = detail::LdShared4(off);
-          x[1] = detail::LdShared4(off + C::kPitch);
-          x[2] = detail::LdShared4(off + 8 * C::kPitch);
-          x[3] = detail::LdShared4(off + 9 * C::kPitch);
+          const uint32_t st = vstage(i / 4);
+          const int row = 16 * ((i / 4) % 2) + 2 * qd;
+          const int byte = w * kDimsPerWarp + 32 * (i % 4) + 4 * r;
+          x[0] = detail::LdShared4(kv_at(st, row, byte));
+          x[1] = detail::LdShared4(kv_at(st, row + 1, byte));
+          x[2] = detail::LdShared4(kv_at(st, row + 8, byte));
+          x[3] = detail::LdShared4(kv_at(st, row + 9, byte));
         };
         load_v(0, vx[0]);
 #pragma unroll
@@ -834,9 +877,10 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         constexpr int kSteps = kKS * 8, kVDist = 2;
         uint32_t va[kVDist + 1][4];
         auto load_v = [&](int i, uint32_t(&a)[4]) {
-          detail::LdMatrixX4Trans(vrows(i / 8) + (8 * (mi >> 1) + mr) * C::kPitch +
-                                      (w * kDimsPerWarp + 16 * (i % 8) + 8 * (mi & 1)) * 2,
-                                  a[0], a[1], a[2], a[3]);
+          detail::LdMatrixX4Trans(
+              kv_at(vstage(i / 8), 16 * ((i / 8) % 2) + 8 * (mi >> 1) + mr,
+                    2 * (w * kDimsPerWarp + 16 * (i % 8) + 8 * (mi & 1))),
+              a[0], a[1], a[2], a[3]);
         };
 #pragma unroll
         for (int i = 0; i < kVDist; ++i) load_v(i, va[i]);
@@ -995,14 +1039,65 @@ int ResidentCtasOf(Kernel kernel, int threads, int smem_bytes) {
   return per_sm * detail::NumSms();
 }
 
-template <typename KV, bool kQBf16, int kN, bool kBulk = true>
+template <typename KV, bool kQBf16, int kN, bool kTma>
 cudaError_t RunMla(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                    cudaStream_t stream, size_t* need) {
-  using C = MlaConfig<KV, kN>;
-  auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kBulk>;
+  using C = MlaConfig<KV, kN, kTma>;
+  auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kTma>;
   static const int ctas = ResidentCtasOf(kernel, kThreads, C::kSmemBytes);
   return LaunchMla<kQBf16>(kernel, kThreads, C::kSmemBytes, ctas, kN, kTileTokens, p,
                            max_seq_len, ws_bytes, ws, stream, need);
+}
+
+// The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// Describes the cache to the copy engine as [blocks][block_size][576] elements, boxes of
+// [box_rows][64]. The block count is not known here and serves only bounds checks (the kernel
+// never asks for a block outside the block tables), so it is set large.
+bool EncodeKvMap(MlaParams& p, int eb, bool bf16) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {kMlaKDim, static_cast<cuuint64_t>(p.block_size), cuuint64_t{1} << 24};
+  const cuuint64_t strides[2] = {cuuint64_t{kMlaKDim} * eb,
+                                 static_cast<cuuint64_t>(p.block_stride)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(p.box_rows), 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUtensorMapDataType type = eb == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(&p.kv_map, type, 3, const_cast<uint8_t*>(p.kv), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                eb == 1 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Tensor copies where the block size is a multiple of 16 (boxes never cross a block) and the
+// driver offers the encoder; one bulk copy per row otherwise.
+template <typename KV, bool kQBf16, int kN>
+cudaError_t RunMlaCopies(MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
+                         cudaStream_t stream, size_t* need, bool allow_tma = true) {
+  if (allow_tma && p.block_size % 16 == 0) {
+    p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
+    if (need != nullptr ||
+        EncodeKvMap(p, KvTraits<KV>::kBytes, std::is_same_v<KV, Bf16Tag>)) {
+      return RunMla<KV, kQBf16, kN, true>(p, max_seq_len, ws_bytes, ws, stream, need);
+    }
+  }
+  return RunMla<KV, kQBf16, kN, false>(p, max_seq_len, ws_bytes, ws, stream, need);
 }
 
 // The previous kernel, kept as a benchmark variant (KernelTuning::mla_variant).
@@ -1027,13 +1122,15 @@ cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* 
     case 2:
       return RunMlaV1<KV, kQBf16, 1, true>(p, max_seq_len, ws_bytes, ws, stream, need);
     case 3:
-      return RunMla<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
+      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
     case 4:
-      if (by32) return RunMla<KV, kQBf16, 32, false>(p, max_seq_len, ws_bytes, ws, stream, need);
-      return RunMla<KV, kQBf16, 16, false>(p, max_seq_len, ws_bytes, ws, stream, need);
+      if (by32) {
+        return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need, false);
+      }
+      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need, false);
     default:
-      if (by32) return RunMla<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need);
-      return RunMla<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
+      if (by32) return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need);
+      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
   }
 }
 
