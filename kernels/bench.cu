@@ -528,8 +528,7 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       int heads, variant;  // KernelTuning::mla_variant
     };
     for (const Row& row : {Row{16, 0}, Row{32, 0}, Row{64, 0}, Row{128, 0}, Row{16, 1},
-                           Row{32, 1}, Row{32, 3}, Row{16, 4}, Row{32, 4}, Row{16, 5},
-                           Row{32, 5}}) {
+                           Row{32, 1}, Row{32, 3}, Row{16, 4}, Row{32, 4}}) {
       const int heads = row.heads;
       if (row.variant != 0 && !opt.only.empty()) continue;
       const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
@@ -574,7 +573,6 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       const char* note = row.variant == 1   ? " (variant: previous kernel)"
                          : row.variant == 3 ? " (variant: 16 heads per block)"
                          : row.variant == 4 ? " (variant: one bulk copy per row)"
-                         : row.variant == 5 ? " (variant: no L2 prefetch)"
                                             : "";
       std::printf("| %d | %s | %.1f | %.2f | %.2fx%s |\n", heads, kv_name, ms * 1e3, tbs,
                   tbs / ceil.read_tbs, note);

@@ -463,8 +463,7 @@ struct MlaConfig {
 
 // kTma: the producer fills a stage with tensor copies of 64-element column slabs (9 or 18 per
 // stage); otherwise with one bulk copy per row (32 per stage, padded rows).
-// kL2Stages: with tensor copies, how many stages ahead the producer prefetches into L2.
-template <typename KV, bool kQBf16, int kN, bool kTma, int kL2Stages>
+template <typename KV, bool kQBf16, int kN, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_constant__ MlaParams p) {
   using C = MlaConfig<KV, kN, kTma>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
@@ -473,7 +472,6 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
   constexpr int kNT = kN / 8;              // n-tiles of 8 heads
   constexpr int kChains = kNT >= 4 ? 1 : 4;  // independent MMA chains per n-tile in S
   constexpr int kFullArrivals = 1;  // the producer's, with the bytes it expects
-  constexpr int kL2Ahead = kL2Stages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // The copy engine's swizzle follows address bits: stages start on 1024-byte boundaries.
   uint8_t* smem = smem_raw + ((1024 - detail::SmemAddr(smem_raw) % 1024) % 1024);
@@ -547,26 +545,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         // rows past the end), so no table entry beyond the sequence is read.
         const int box = p.box_rows;
         const int last_box = (end - 1) / box * box;
-        // Stage k + kL2Ahead of the item is prefetched into L2 when stage k is issued (the first
-        // kL2Ahead at the start): the ring's loads then mostly hit L2, whose shorter latency the
-        // ring's depth covers.
-        auto prefetch = [&](int k) {
-          for (int h = 0; h < kStageTokens; h += box) {
-            const int t = min(start + k * kStageTokens + h, last_box);
-            const int blk = __ldg(table + t / p.block_size);
-#pragma unroll
-            for (int j = 0; j < kMlaKDim / 64; ++j) {
-              detail::TmaPrefetch3D(&p.kv_map, 64 * j, t % p.block_size, blk);
-            }
-          }
-        };
-        if (kL2Ahead > 0 && lane == 0) {
-          for (int k = 0; k < min(kL2Ahead, nst); ++k) prefetch(k);
-        }
         for (int k = 0; k < nst; ++k) {
           const uint32_t s = acquire();
           if (lane == 0) {
-            if (kL2Ahead > 0 && k + kL2Ahead < nst) prefetch(k + kL2Ahead);
             meta[s] = cur;
             detail::MbarArriveExpectTx(full + 8 * s, kStageTokens * C::kRowBytes);
             const uint32_t dst = base + s * C::kStageBytes;
@@ -1058,11 +1039,11 @@ int ResidentCtasOf(Kernel kernel, int threads, int smem_bytes) {
   return per_sm * detail::NumSms();
 }
 
-template <typename KV, bool kQBf16, int kN, bool kTma, int kL2Stages = 0>
+template <typename KV, bool kQBf16, int kN, bool kTma>
 cudaError_t RunMla(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                    cudaStream_t stream, size_t* need) {
   using C = MlaConfig<KV, kN, kTma>;
-  auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kTma, kL2Stages>;
+  auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kTma>;
   static const int ctas = ResidentCtasOf(kernel, kThreads, C::kSmemBytes);
   return LaunchMla<kQBf16>(kernel, kThreads, C::kSmemBytes, ctas, kN, kTileTokens, p,
                            max_seq_len, ws_bytes, ws, stream, need);
@@ -1109,16 +1090,12 @@ bool EncodeKvMap(MlaParams& p, int eb, bool bf16) {
 // per block (whose tensor-copy kernel spills registers and measured slower).
 template <typename KV, bool kQBf16, int kN>
 cudaError_t RunMlaCopies(MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                         cudaStream_t stream, size_t* need, bool allow_tma = true,
-                         bool l2_prefetch = true) {
+                         cudaStream_t stream, size_t* need, bool allow_tma = true) {
   if constexpr (!(std::is_same_v<KV, Fp8Tag> && kN == 32)) {
     if (allow_tma && p.block_size % 16 == 0) {
       p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
       if (need != nullptr ||
           EncodeKvMap(p, KvTraits<KV>::kBytes, std::is_same_v<KV, Bf16Tag>)) {
-        if (l2_prefetch) {
-          return RunMla<KV, kQBf16, kN, true, 8>(p, max_seq_len, ws_bytes, ws, stream, need);
-        }
         return RunMla<KV, kQBf16, kN, true>(p, max_seq_len, ws_bytes, ws, stream, need);
       }
     }
@@ -1154,12 +1131,6 @@ cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* 
         return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need, false);
       }
       return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need, false);
-    case 5:
-      if (by32) {
-        return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need, true,
-                                            false);
-      }
-      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need, true, false);
     default:
       if (by32) return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need);
       return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);

@@ -11,8 +11,7 @@ struct KernelTuning {
   // MLA: 1: the previous kernel (eight warps per 16 heads, scores split over key-dim quarters);
   // 2: the same with one block per SM and a deeper ring (16-head groups); 3: the current kernel
   // with 16 heads per block even where the heads come in multiples of 32; 4: the current kernel
-  // with one bulk copy per row instead of tensor copies of 64-element column slabs; 5: the
-  // current kernel without its L2 prefetch.
+  // with one bulk copy per row instead of tensor copies of 64-element column slabs.
   int mla_variant = 0;
 };
 
