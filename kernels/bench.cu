@@ -527,8 +527,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
     struct Row {
       int heads, variant;  // KernelTuning::mla_variant
     };
-    for (const Row& row : {Row{16, 0}, Row{32, 0}, Row{64, 0}, Row{128, 0}, Row{16, 1},
-                           Row{32, 1}, Row{32, 3}, Row{16, 4}, Row{32, 4}}) {
+    for (const Row& row : {Row{16, 0}, Row{32, 0}, Row{64, 0}, Row{128, 0}, Row{16, 1}, Row{32, 1},
+                           Row{32, 3}, Row{16, 4}, Row{32, 4}}) {
       const int heads = row.heads;
       if (row.variant != 0 && !opt.only.empty()) continue;
       const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";

@@ -166,11 +166,6 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
 __device__ __forceinline__ void MbarArriveCount(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-// Arrives on the barrier once this thread's earlier cp.async copies have completed (the
-// barrier's expected count includes this arrival).
-__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n .reg .pred done;\n"

@@ -11,22 +11,35 @@
 #include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
-//  - A work item is (sequence, group of 16 * kMT heads, chunk of tokens); persistent thread
-//    blocks take items from an atomic counter.
-//  - 32-token tiles of latent rows stream into a shared-memory ring with bulk copies (one
-//    row per lane of warp 0) completing on an mbarrier; rows are padded so that the fragment
-//    loads below hit distinct banks. Rows past the sequence end copy its last token, whose
-//    probability is then 0, so no NaN from unused cache slots can leak in.
-//  - kMT groups of 8 warps; each group owns 16 heads. In S = Q K^T warp w covers key
-//    dimensions [144 (w % 4), +144) (its query fragments stay in registers) for tokens
-//    [16 (w / 4), +16) of the tile; the four partial score tiles meet in shared memory, where
-//    warp w finishes tokens [4w, 4w + 4): scale, mask, row maxima, then P (16-bit) and row sums
-//    once the group agrees on the new maxima. In O = P V warp w owns value dimensions
-//    [64w, 64w + 64), so no output accumulator is shared.
+//  - A work item is (sequence, group of kN = 16 or 32 heads, chunk of tokens). One block per SM:
+//    a producer warp takes items from an atomic counter and streams each item's rows into a
+//    shared-memory ring of 32-token stages; four consumer warps compute. Stages carry the item
+//    they belong to; "full" mbarriers (the producer's arrival plus the copied bytes) and
+//    "empty" mbarriers (one arrival per consumer warp) hand them back and forth, so no
+//    block-wide barrier is left.
+//  - Copies: where the block size is a multiple of 16, tensor copies (TMA) of [32 or 16 rows]
+//    x [64 elements] boxes, 9 or 18 per stage, into 64-element column slabs that the copy
+//    engine swizzles (128-byte swizzle for 16-bit values, 64-byte for e4m3), which keeps the
+//    fragment loads below conflict-free. Otherwise (and for e4m3 at 32 heads per block, whose
+//    tensor-copy build spills registers) one bulk copy per row into padded rows. Rows past the
+//    end of a sequence are zeroed (tensor copies) or copy its last token (row copies), so NaN
+//    in unused cache slots never meets a probability.
+//  - A softmax tile is 64 tokens (two stages). Scores are computed transposed, S^T = K Q^T,
+//    with tokens as mma.sync's M side: consumer warp w covers tokens 16w .. 16w + 15 for all kN
+//    heads over the whole 576-wide key (query fragments from shared memory), so no partial
+//    scores are summed across warps. Per tile: each warp's per-head maxima go to shared memory
+//    and one named barrier of the four consumer warps later every warp knows the tile's
+//    maxima; P^T (16-bit) goes to shared memory and a second named barrier later warp w computes
+//    O^T = V^T P^T for value dims 128w .. 128w + 127 (value dims as the M side). Row sums stay
+//    per thread until the item ends.
+//  - Processing 32 heads in one block reads every K/V byte from memory once per 32 heads.
 //  - bf16/fp16 fragments come from ldmatrix; e4m3 fragments from 32-bit loads converted to
-//    fp16 (exact), with the key dimensions permuted inside each k-step (the query is loaded with
-//    the same permutation) and the value dimensions permuted inside each 32-wide group (undone
-//    when the output is written).
+//    fp16 (exact), with the key dimensions permuted inside each k-step (the query is stored in
+//    shared memory with the same permutation) and the value dimensions permuted inside each
+//    32-wide group (undone when the output is written). Fragments are loaded one or two steps
+//    ahead of their MMAs.
+//  - The previous kernel (eight warps per 16 heads, scores split over key-dim quarters, four
+//    block barriers per 32-token tile) stays as a benchmark variant (KernelTuning::mla_variant).
 
 namespace kvpool::kernels {
 namespace {
@@ -35,6 +48,10 @@ using detail::Bf16Tag;
 using detail::Fp16Tag;
 using detail::Fp8Tag;
 using detail::KvTraits;
+
+// ---------------------------------------------------------------------------------------------
+// The previous kernel (a benchmark variant): eight warps per 16 heads, scores split over four
+// key-dim quarters and summed in shared memory, four block barriers per 32-token tile.
 
 constexpr int kTile = 32;                          // tokens per pipeline stage
 constexpr int kGroupWarps = 8;                     // warps per group of 16 heads
@@ -421,13 +438,13 @@ __global__ void __launch_bounds__(kMT* kGroupWarps * 32, 2 / kMT)
 // ---------------------------------------------------------------------------------------------
 // The kernel (see the design note at the top of this file).
 
-constexpr int kStageTokens = 32;            // tokens per ring stage (one bulk copy per row)
-constexpr int kTileTokens = 64;             // tokens per softmax tile: two consecutive stages
-constexpr int kConsumerWarps = 4;           // one per 16 tokens of a tile
-constexpr int kThreads = (kConsumerWarps + 1) * 32;  // plus the producer warp
-constexpr int kKSteps = kMlaKDim / 16;      // 36
+constexpr int kStageTokens = 32;   // tokens per ring stage (one bulk copy per row)
+constexpr int kTileTokens = 64;    // tokens per softmax tile: two consecutive stages
+constexpr int kConsumerWarps = 4;  // one per 16 tokens of a tile
+constexpr int kThreads = (kConsumerWarps + 1) * 32;      // plus the producer warp
+constexpr int kKSteps = kMlaKDim / 16;                   // 36
 constexpr int kDimsPerWarp = kMlaVDim / kConsumerWarps;  // 128 value dims per warp in P V
-constexpr int kMaxSmem = 227 * 1024;        // the H100/H200 per-block opt-in limit
+constexpr int kMaxSmem = 227 * 1024;                     // the H100/H200 per-block opt-in limit
 
 template <typename KV, int kN, bool kTma>
 struct MlaConfig {
@@ -443,9 +460,9 @@ struct MlaConfig {
   static constexpr int kSpan = kEB == 2 ? 128 : 64;
   static constexpr int kSlabBytes = kStageTokens * kSpan;
   static constexpr int kStageBytes = kTma ? kStageTokens * kRowBytes : kStageTokens * kPitch;
-  static constexpr int kQPitch = 1168;          // the query as 16-bit MMA operands, per head
+  static constexpr int kQPitch = 1168;  // the query as 16-bit MMA operands, per head
   static constexpr int kQBytes = kN * kQPitch;
-  static constexpr int kPPitch = 2 * kN + 16;   // P^T: one row of kN 16-bit values per token
+  static constexpr int kPPitch = 2 * kN + 16;  // P^T: one row of kN 16-bit values per token
   static constexpr int kPBytes = kTileTokens * kPPitch;
   static constexpr int kStatBytes = kConsumerWarps * kN * 4;  // per-warp maxima, then sums
   static constexpr int kFixedBytes = kQBytes + kPBytes + 2 * kStatBytes + 256;
@@ -464,14 +481,15 @@ struct MlaConfig {
 // kTma: the producer fills a stage with tensor copies of 64-element column slabs (9 or 18 per
 // stage); otherwise with one bulk copy per row (32 per stage, padded rows).
 template <typename KV, bool kQBf16, int kN, bool kTma>
-__global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_constant__ MlaParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    MlaDecodeKernel(const __grid_constant__ MlaParams p) {
   using C = MlaConfig<KV, kN, kTma>;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   constexpr int kS = C::kStages;
-  constexpr int kNT = kN / 8;              // n-tiles of 8 heads
+  constexpr int kNT = kN / 8;                // n-tiles of 8 heads
   constexpr int kChains = kNT >= 4 ? 1 : 4;  // independent MMA chains per n-tile in S
-  constexpr int kFullArrivals = 1;  // the producer's, with the bytes it expects
+  constexpr int kFullArrivals = 1;           // the producer's, with the bytes it expects
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // The copy engine's swizzle follows address bits: stages start on 1024-byte boundaries.
   uint8_t* smem = smem_raw + ((1024 - detail::SmemAddr(smem_raw) % 1024) % 1024);
@@ -480,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
   const int warp = threadIdx.x / 32;
   const uint32_t base = detail::SmemAddr(smem);
   const uint32_t full = base + C::kBarOffset;  // stage filled (one arrival + the bytes)
-  const uint32_t empty = full + 8 * kS;         // stage read by all consumer warps
+  const uint32_t empty = full + 8 * kS;        // stage read by all consumer warps
   int* meta = reinterpret_cast<int*>(smem + C::kMetaOffset);  // work item of each stage
   if (threadIdx.x == 0) {
     for (int s = 0; s < kS; ++s) {
@@ -637,9 +655,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
     // keys the dims are permuted inside each k-step as the keys' fragments are (below). The
     // previous item's readers passed the barrier before its output.
     if (ntiles > 0) {  // (the barrier below is taken in any case: it also guards wsum)
-      const uint4* qg = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) +
-                                                       (size_t{1} * b * p.num_heads + head_base) *
-                                                           kMlaKDim);
+      const uint4* qg = reinterpret_cast<const uint4*>(
+          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_heads + head_base) * kMlaKDim);
       constexpr int kChunks = kN * kMlaKDim / 8;  // 16-byte pieces
 #pragma unroll
       for (int i0 = 0; i0 < kChunks; i0 += kBarThreads) {
@@ -653,8 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         for (int u = 0; u < 4; ++u) {
           const int pi = 4 * (d8 % 2) + u;  // pair index within the k-step
           const int dst = kFp8 ? pi / 2 + 4 * (pi % 2) : pi;
-          *reinterpret_cast<uint32_t*>(row + 4 * dst) =
-              detail::ConvertPair<kQBf16, kMB>(words[u]);
+          *reinterpret_cast<uint32_t*>(row + 4 * dst) = detail::ConvertPair<kQBf16, kMB>(words[u]);
         }
       }
     }
@@ -667,7 +683,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
       m_run[nt][0] = m_run[nt][1] = -INFINITY;
       l_run[nt][0] = l_run[nt][1] = 0.0f;
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+      for (int mt = 0; mt < 8; ++mt)
+        acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
     }
 
     if (ntiles == 0) {
@@ -705,7 +722,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
 #pragma unroll
       for (int c = 0; c < kChains; ++c) {
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) sc[c][nt][0] = sc[c][nt][1] = sc[c][nt][2] = sc[c][nt][3] = 0.0f;
+        for (int nt = 0; nt < kNT; ++nt)
+          sc[c][nt][0] = sc[c][nt][1] = sc[c][nt][2] = sc[c][nt][3] = 0.0f;
       }
       // Fragments are loaded kDist k-steps ahead of their MMAs (ptxas keeps the written order
       // of the inline-asm loads and MMAs, so the prefetch has to be spelled out).
@@ -722,9 +740,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         }
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
-          detail::LdMatrixX4(qsm + (16 * np + 8 * (mi >> 1) + mr) * C::kQPitch +
-                                 (16 * ks + 8 * (mi & 1)) * 2,
-                             bb[np][0], bb[np][1], bb[np][2], bb[np][3]);
+          detail::LdMatrixX4(
+              qsm + (16 * np + 8 * (mi >> 1) + mr) * C::kQPitch + (16 * ks + 8 * (mi & 1)) * 2,
+              bb[np][0], bb[np][1], bb[np][2], bb[np][3]);
         }
       };
 #pragma unroll
@@ -778,7 +796,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
           m0 = fmaxf(m0, __shfl_xor_sync(kFull, m0, off));
           m1 = fmaxf(m1, __shfl_xor_sync(kFull, m1, off));
         }
-        if (r == 0) *reinterpret_cast<float2*>(wmax + w * kN + 8 * nt + 2 * qd) = make_float2(m0, m1);
+        if (r == 0)
+          *reinterpret_cast<float2*>(wmax + w * kN + 8 * nt + 2 * qd) = make_float2(m0, m1);
       }
       detail::NamedBarrier(kBar, kBarThreads);
       float alpha[kNT][2];
@@ -824,10 +843,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
       for (int ks = 0; ks < kKS; ++ks) {
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
-          detail::LdMatrixX4Trans(psm + (16 * ks + 8 * (mi & 1) + mr) * C::kPPitch +
-                                      (16 * np + 8 * (mi >> 1)) * 2,
-                                  pb[ks][2 * np][0], pb[ks][2 * np][1], pb[ks][2 * np + 1][0],
-                                  pb[ks][2 * np + 1][1]);
+          detail::LdMatrixX4Trans(
+              psm + (16 * ks + 8 * (mi & 1) + mr) * C::kPPitch + (16 * np + 8 * (mi >> 1)) * 2,
+              pb[ks][2 * np][0], pb[ks][2 * np][1], pb[ks][2 * np + 1][0], pb[ks][2 * np + 1][1]);
         }
       }
       auto vstage = [&](int ks) { return ks < 2 ? stage_a : stage_b; };
@@ -877,10 +895,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
         constexpr int kSteps = kKS * 8, kVDist = 2;
         uint32_t va[kVDist + 1][4];
         auto load_v = [&](int i, uint32_t(&a)[4]) {
-          detail::LdMatrixX4Trans(
-              kv_at(vstage(i / 8), 16 * ((i / 8) % 2) + 8 * (mi >> 1) + mr,
-                    2 * (w * kDimsPerWarp + 16 * (i % 8) + 8 * (mi & 1))),
-              a[0], a[1], a[2], a[3]);
+          detail::LdMatrixX4Trans(kv_at(vstage(i / 8), 16 * ((i / 8) % 2) + 8 * (mi >> 1) + mr,
+                                        2 * (w * kDimsPerWarp + 16 * (i % 8) + 8 * (mi & 1))),
+                                  a[0], a[1], a[2], a[3]);
         };
 #pragma unroll
         for (int i = 0; i < kVDist; ++i) load_v(i, va[i]);
@@ -956,7 +973,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(const __grid_cons
           const int head = head_base + hl;
           const float v = acc[mt][nt][c] * inv[nt][c & 1];
           if (direct) {
-            uint16_t* out = static_cast<uint16_t*>(p.o) + (size_t{1} * b * p.num_heads + head) * kMlaVDim + d;
+            uint16_t* out =
+                static_cast<uint16_t*>(p.o) + (size_t{1} * b * p.num_heads + head) * kMlaVDim + d;
             *out = static_cast<uint16_t>(detail::PackFloat2<kQBf16>(v, 0.0f) & 0xffffu);
           } else {
             const size_t row = (size_t{1} * b * p.max_splits + split) * p.num_heads + head;
@@ -1018,8 +1036,8 @@ cudaError_t LaunchMla(Kernel kernel, int threads, int smem_bytes, int ctas, int 
   kernel<<<grid, threads, smem_bytes, stream>>>(p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.max_splits > 1) {
-    return detail::LaunchMergeSplits<kOutBf16, kMlaVDim>(
-        p.ws, p.seq_lens, p.batch, p.num_heads, p.max_splits, chunk, p.o, p.lse, stream);
+    return detail::LaunchMergeSplits<kOutBf16, kMlaVDim>(p.ws, p.seq_lens, p.batch, p.num_heads,
+                                                         p.max_splits, chunk, p.o, p.lse, stream);
   }
   return cudaSuccess;
 }
@@ -1045,8 +1063,8 @@ cudaError_t RunMla(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* w
   using C = MlaConfig<KV, kN, kTma>;
   auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kTma>;
   static const int ctas = ResidentCtasOf(kernel, kThreads, C::kSmemBytes);
-  return LaunchMla<kQBf16>(kernel, kThreads, C::kSmemBytes, ctas, kN, kTileTokens, p,
-                           max_seq_len, ws_bytes, ws, stream, need);
+  return LaunchMla<kQBf16>(kernel, kThreads, C::kSmemBytes, ctas, kN, kTileTokens, p, max_seq_len,
+                           ws_bytes, ws, stream, need);
 }
 
 // The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
@@ -1094,8 +1112,7 @@ cudaError_t RunMlaCopies(MlaParams& p, int max_seq_len, size_t ws_bytes, void* w
   if constexpr (!(std::is_same_v<KV, Fp8Tag> && kN == 32)) {
     if (allow_tma && p.block_size % 16 == 0) {
       p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
-      if (need != nullptr ||
-          EncodeKvMap(p, KvTraits<KV>::kBytes, std::is_same_v<KV, Bf16Tag>)) {
+      if (need != nullptr || EncodeKvMap(p, KvTraits<KV>::kBytes, std::is_same_v<KV, Bf16Tag>)) {
         return RunMla<KV, kQBf16, kN, true>(p, max_seq_len, ws_bytes, ws, stream, need);
       }
     }

@@ -7,7 +7,7 @@
 namespace kvpool::kernels {
 
 struct KernelTuning {
-  int gqa_warps = 0;   // 8: eight kv heads per GQA block (one block per SM) instead of four
+  int gqa_warps = 0;  // 8: eight kv heads per GQA block (one block per SM) instead of four
   // MLA: 1: the previous kernel (eight warps per 16 heads, scores split over key-dim quarters);
   // 2: the same with one block per SM and a deeper ring (16-head groups); 3: the current kernel
   // with 16 heads per block even where the heads come in multiples of 32; 4: the current kernel
