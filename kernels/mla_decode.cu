@@ -460,6 +460,8 @@ struct MlaConfig {
   static constexpr int kSpan = kEB == 2 ? 128 : 64;
   static constexpr int kSlabBytes = kStageTokens * kSpan;
   static constexpr int kStageBytes = kTma ? kStageTokens * kRowBytes : kStageTokens * kPitch;
+  static_assert(kSlabBytes * (kMlaKDim / 64) == kStageTokens * kRowBytes,
+                "a tensor-copied stage is nine column slabs");
   static constexpr int kQPitch = 1168;  // the query as 16-bit MMA operands, per head
   static constexpr int kQBytes = kN * kQPitch;
   static constexpr int kPPitch = 2 * kN + 16;  // P^T: one row of kN 16-bit values per token
