@@ -524,9 +524,13 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
       "---: |\n");
   for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
     Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
-    for (int heads : {16, 32, 64, 128, -16}) {
-      const bool deep = heads < 0;
-      heads = deep ? -heads : heads;
+    struct Row {
+      int heads, variant;  // KernelTuning::mla_variant
+    };
+    for (const Row& row : {Row{16, 0}, Row{32, 0}, Row{64, 0}, Row{128, 0}, Row{16, 1}, Row{32, 1},
+                           Row{32, 3}, Row{16, 4}, Row{32, 4}}) {
+      const int heads = row.heads;
+      if (row.variant != 0 && !opt.only.empty()) continue;
       const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
       if (!opt.only.empty()) {
         char want[64];
@@ -559,15 +563,19 @@ void BenchMla(const Options& opt, const Ceiling& ceil) {
                           lse, ws, ws_bytes, s));
       };
       KernelTuning tuning;
-      tuning.mla_stages = deep ? 1 : 0;
+      tuning.mla_variant = row.variant;
       SetKernelTuning(tuning);
       const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
       SetKernelTuning(KernelTuning{});
       const double bytes = double{1} * batch * ctx * kMlaKDim * eb +
                            2.0 * batch * heads * (kMlaKDim + kMlaVDim) + 4.0 * batch * heads;
       const double tbs = bytes / (ms * 1e-3) / 1e12;
+      const char* note = row.variant == 1   ? " (variant: previous kernel)"
+                         : row.variant == 3 ? " (variant: 16 heads per block)"
+                         : row.variant == 4 ? " (variant: one bulk copy per row)"
+                                            : "";
       std::printf("| %d | %s | %.1f | %.2f | %.2fx%s |\n", heads, kv_name, ms * 1e3, tbs,
-                  tbs / ceil.read_tbs, deep ? " (variant: 1 block/SM, deep ring)" : "");
+                  tbs / ceil.read_tbs, note);
       std::fflush(stdout);
       CUDA_OK(cudaFree(d_table));
       CUDA_OK(cudaFree(d_lens));
