@@ -344,10 +344,8 @@ void IndexShard::StartMigrations(const MountedSegment& from,
                                  MigrationBatch& batch) {
   absl::MutexLock lock(&mu_);
   for (auto& [key, object] : objects_) {
-    if (batch.started.size() >= max_objects ||
-        (!batch.started.empty() && batch.started_bytes >= max_bytes)) {
-      return;
-    }
+    if (batch.started.size() >= max_objects) batch.full = true;
+    if (batch.full) return;
     auto source = ReplicaOn(object.replicas, &from);
     if (source == object.replicas.end()) continue;
     if (!object.committed || Migrating(object, now)) {
@@ -358,6 +356,10 @@ void IndexShard::StartMigrations(const MountedSegment& from,
     if (object.failed_migrations >= kMaxFailedMigrations) {
       ++batch.unplaceable;
       continue;
+    }
+    if (!batch.started.empty() && batch.started_bytes + object.size > max_bytes) {
+      batch.full = true;
+      return;
     }
     std::optional<Replica> destination;
     for (const std::shared_ptr<MountedSegment>& target : targets) {

@@ -106,6 +106,8 @@ struct MigrationView {
 struct MigrationBatch {
   std::vector<MigrationView> started;
   uint64_t started_bytes = 0;
+  // No more fit: the rest waits for the next batch.
+  bool full = false;
   // Objects on the segment being written, or being copied already.
   uint64_t in_flight = 0;
   // Objects no target has room for, or whose copies failed too often.
@@ -181,7 +183,7 @@ class IndexShard {
 
   // For a draining segment `from`: starts copies of its committed objects, each to the first
   // of `targets` that has room and holds no replica of the object, until `batch` holds
-  // `max_objects` or `max_bytes` (at least one object). An object being copied is leased
+  // `max_objects`, or the next would take it past `max_bytes` (it holds at least one). An object being copied is leased
   // until `deadline` (not evicted, not removed unless forced). Copies whose deadline passed
   // are given back and started again. Ids come from `ids`.
   void StartMigrations(const MountedSegment& from,

@@ -165,6 +165,7 @@ absl::StatusOr<MigrateStartResult> Master::MigrateStart(const std::string& name,
   for (IndexShard& shard : shards_) {
     shard.StartMigrations(*segment, targets, std::max<size_t>(max_objects, 1), max_bytes, now,
                           deadline, next_put_id_, batch);
+    if (batch.full) break;
   }
   MigrateStartResult result{.in_flight = batch.in_flight, .unplaceable = batch.unplaceable};
   for (const MigrationView& started : batch.started) {

@@ -193,7 +193,8 @@ class Master {
   // calls at least once per put_timeout. NotFound for an unknown name.
   absl::Status DrainSegment(const std::string& name, bool migrate = false);
   // The next copies a mover of draining segment `name` should make (at most `max_objects`
-  // and about `max_bytes`); when none is answered and none is in flight the mover is done.
+  // and no more than `max_bytes` unless one object is larger); when none is answered and none
+  // is in flight the mover is done.
   // NotFound for an unknown segment, FailedPrecondition if it is not draining.
   absl::StatusOr<MigrateStartResult> MigrateStart(const std::string& name, size_t max_objects,
                                                   uint64_t max_bytes);

@@ -512,6 +512,16 @@ TEST_F(MasterTest, MigrationsThatCannotBePlacedOrKeepFailingAreDroppedWithTheSeg
   EXPECT_EQ(master_.GetClusterSummary().used_bytes, 0u);
 }
 
+TEST_F(MasterTest, MigrationBatchesStayWithinTheirBytesButHoldAtLeastOneObject) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Put("k" + std::to_string(i), 1000).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  ASSERT_TRUE(master_.DrainSegment("a", /*migrate=*/true).ok());
+  EXPECT_EQ(master_.MigrateStart("a", 10, 2500)->migrations.size(), 2u);
+  EXPECT_EQ(master_.MigrateStart("a", 10, 10)->migrations.size(), 1u);
+  EXPECT_EQ(master_.MigrateStart("a", 10, 1 << 20)->migrations.size(), 2u);
+}
+
 TEST_F(MasterTest, ASilentMoverLetsTheDrainFinishAfterThePutTimeout) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   ASSERT_TRUE(Put("k", 1000).ok());
