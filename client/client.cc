@@ -32,6 +32,26 @@ absl::StatusOr<wire::Token> TokenFrom(const std::string& bytes) {
   return token;
 }
 
+// The op moving `size` bytes between `iov` and `placement`. InternalError for a placement the
+// master got wrong: a token of the wrong size, or a length other than `size`.
+absl::StatusOr<TransferOp> MakeOp(wire::Opcode opcode, const v1::Placement& placement,
+                                  uint64_t size, std::vector<iovec> iov) {
+  absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
+  if (!token.ok()) return token.status();
+  if (placement.length() != size) {
+    return absl::InternalError(absl::StrCat("master placed ", placement.length(),
+                                            " bytes for an object of ", size));
+  }
+  return TransferOp{.opcode = opcode,
+                    .endpoint = placement.endpoint(),
+                    .host = placement.host(),
+                    .incarnation = placement.incarnation(),
+                    .offset = placement.offset(),
+                    .length = size,
+                    .token = *token,
+                    .iov = std::move(iov)};
+}
+
 absl::Status CountMismatch(size_t got, size_t expected) {
   return absl::InternalError(
       absl::StrCat("master answered ", got, " results for ", expected, " keys"));
@@ -285,20 +305,12 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
     for (size_t i : waiting) {
       const v1::GetResult& result = located[i].result;
       const v1::Placement& replica = result.replicas(order[i][tried[i]++]);
-      absl::StatusOr<wire::Token> token = TokenFrom(replica.token());
-      if (!token.ok() || replica.length() != result.size()) {
-        results[i] = token.ok() ? absl::InternalError("replica length differs from object size")
-                                : token.status();
+      absl::StatusOr<TransferOp> op = MakeOp(wire::Opcode::kRead, replica, result.size(), targets[i]);
+      if (!op.ok()) {
+        results[i] = op.status();
         continue;
       }
-      ops.push_back(TransferOp{.opcode = wire::Opcode::kRead,
-                               .endpoint = replica.endpoint(),
-                               .host = replica.host(),
-                               .incarnation = replica.incarnation(),
-                               .offset = replica.offset(),
-                               .length = replica.length(),
-                               .token = *token,
-                               .iov = targets[i]});
+      ops.push_back(*std::move(op));
       owners.push_back(i);
     }
     transport->Execute(absl::MakeSpan(ops), deadline);
@@ -466,20 +478,13 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
     }
     if (result.placements().empty()) results[i] = absl::InternalError("master gave no placement");
     for (const v1::Placement& placement : result.placements()) {
-      absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
-      if (!token.ok() || placement.length() != start.sizes(static_cast<int>(i))) {
-        results[i] = token.ok() ? absl::InternalError("placement length differs from value size")
-                                : token.status();
+      absl::StatusOr<TransferOp> op =
+          MakeOp(wire::Opcode::kWrite, placement, start.sizes(static_cast<int>(i)), iov);
+      if (!op.ok()) {
+        results[i] = op.status();
         break;
       }
-      ops.push_back(TransferOp{.opcode = wire::Opcode::kWrite,
-                               .endpoint = placement.endpoint(),
-                               .host = placement.host(),
-                               .incarnation = placement.incarnation(),
-                               .offset = placement.offset(),
-                               .length = placement.length(),
-                               .token = *token,
-                               .iov = iov});
+      ops.push_back(*std::move(op));
       owners.push_back(i);
     }
   }
@@ -910,16 +915,11 @@ std::vector<bool> Client::Impl::CopyMigrations(const v1::MigrateStartResponse& b
           opcode == wire::Opcode::kRead ? migration.source() : migration.destination();
       char* bytes = buffer.data() + offset;
       offset += migration.size();
-      absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
-      if (!wanted[i] || !token.ok() || placement.length() != migration.size()) continue;
-      ops.push_back(TransferOp{.opcode = opcode,
-                               .endpoint = placement.endpoint(),
-                               .host = placement.host(),
-                               .incarnation = placement.incarnation(),
-                               .offset = placement.offset(),
-                               .length = placement.length(),
-                               .token = *token,
-                               .iov = {iovec{bytes, migration.size()}}});
+      if (!wanted[i]) continue;
+      absl::StatusOr<TransferOp> op =
+          MakeOp(opcode, placement, migration.size(), {iovec{bytes, migration.size()}});
+      if (!op.ok()) continue;
+      ops.push_back(*std::move(op));
       owners.push_back(i);
     }
     return ops;
