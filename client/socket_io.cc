@@ -33,8 +33,9 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline) {
   }
 }
 
-// Drops `n` transferred bytes from the front of `iov`; returns the new start index.
-size_t Advance(absl::Span<iovec> iov, size_t first, size_t n) {
+}  // namespace
+
+size_t AdvanceIov(absl::Span<iovec> iov, size_t first, size_t n) {
   while (n > 0 && first < iov.size()) {
     size_t step = std::min(n, iov[first].iov_len);
     iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
@@ -45,8 +46,6 @@ size_t Advance(absl::Span<iovec> iov, size_t first, size_t n) {
   while (first < iov.size() && iov[first].iov_len == 0) ++first;
   return first;
 }
-
-}  // namespace
 
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Time deadline,
                                int buffer_bytes) {
@@ -92,14 +91,14 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Tim
 }
 
 absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
-  size_t first = Advance(iov, 0, 0);
+  size_t first = AdvanceIov(iov, 0, 0);
   while (first < iov.size()) {
     msghdr message{};
     message.msg_iov = &iov[first];
     message.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
     ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
     if (n > 0) {
-      first = Advance(iov, first, static_cast<size_t>(n));
+      first = AdvanceIov(iov, first, static_cast<size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -113,11 +112,11 @@ absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
 }
 
 absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
-  size_t first = Advance(iov, 0, 0);
+  size_t first = AdvanceIov(iov, 0, 0);
   while (first < iov.size()) {
     ssize_t n = readv(fd, &iov[first], static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX)));
     if (n > 0) {
-      first = Advance(iov, first, static_cast<size_t>(n));
+      first = AdvanceIov(iov, first, static_cast<size_t>(n));
       continue;
     }
     if (n == 0) return absl::UnavailableError("connection closed by the segment");

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/socket_io.h"
 
 namespace kvpool::bench {
 
@@ -126,25 +127,8 @@ absl::StatusOr<int> ConnectBlocking(const std::string& host, uint16_t port, int 
   return last;
 }
 
-namespace {
-
-// Drops `n` bytes from the front of iov[first..]; returns the new first index.
-size_t Consume(absl::Span<iovec> iov, size_t first, size_t n) {
-  while (n > 0 && first < iov.size()) {
-    size_t step = std::min(n, iov[first].iov_len);
-    iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
-    iov[first].iov_len -= step;
-    n -= step;
-    if (iov[first].iov_len == 0) ++first;
-  }
-  while (first < iov.size() && iov[first].iov_len == 0) ++first;
-  return first;
-}
-
-}  // namespace
-
 absl::Status WriteAll(int fd, absl::Span<iovec> iov) {
-  size_t first = Consume(iov, 0, 0);
+  size_t first = client::AdvanceIov(iov, 0, 0);
   while (first < iov.size()) {
     msghdr message{};
     message.msg_iov = &iov[first];
@@ -152,20 +136,20 @@ absl::Status WriteAll(int fd, absl::Span<iovec> iov) {
     ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
-    first = Consume(iov, first, static_cast<size_t>(n));
+    first = client::AdvanceIov(iov, first, static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }
 
 absl::Status ReadAll(int fd, absl::Span<iovec> iov) {
-  size_t first = Consume(iov, 0, 0);
+  size_t first = client::AdvanceIov(iov, 0, 0);
   while (first < iov.size()) {
     ssize_t n =
         readv(fd, &iov[first], static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX)));
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) return absl::UnavailableError("connection closed by the peer");
     if (n < 0) return absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno)));
-    first = Consume(iov, first, static_cast<size_t>(n));
+    first = client::AdvanceIov(iov, first, static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }
