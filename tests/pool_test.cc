@@ -228,6 +228,12 @@ TEST(ShutdownTest, SigtermStopsMasterAndSegmentPromptlyAndCleanly) {
     int status = process->Wait();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     EXPECT_LT(absl::Now() - signalled, absl::Seconds(5));
+    if (process == segment->process.get()) {
+      // It unmounted on its way out (its parked heartbeat was cancelled, not the unmount).
+      absl::StatusOr<ClusterStatus> status_after = client->GetClusterStatus();
+      ASSERT_TRUE(status_after.ok()) << status_after.status();
+      EXPECT_EQ(status_after->segments.size(), 1u);
+    }
   }
 }
 

@@ -34,6 +34,8 @@ void MasterLink::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    // Else stopping waits out the master's hold of the poll (a heartbeat interval).
+    if (heartbeat_call_ != nullptr) heartbeat_call_->TryCancel();
   }
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
   if (mounted_.exchange(false)) Unmount();
@@ -125,7 +127,17 @@ absl::Status MasterLink::Heartbeat() {
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + heartbeat_interval_ + options_.rpc_timeout));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    heartbeat_call_ = &context;
+  }
   grpc::Status status = rpc_->stub->Heartbeat(&context, request, &response);
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeat_call_ = nullptr;
+    if (stopping_) return absl::OkStatus();
+  }
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("heartbeat to master ", options_.master_address,
                                                " failed: ", status.error_message()));

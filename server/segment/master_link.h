@@ -20,6 +20,10 @@
 #include "absl/time/time.h"
 #include "server/segment/manifest.h"
 
+namespace grpc {
+class ClientContext;
+}
+
 namespace kvpool::segment {
 
 struct MasterLinkOptions {
@@ -67,6 +71,8 @@ class MasterLink {
   std::unique_ptr<Rpc> rpc_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The heartbeat the master is holding (a long poll), for Stop to cancel.
+  grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::atomic<bool> mounted_{false};
   std::atomic<uint64_t> mount_count_{0};
   // Loop thread only.
