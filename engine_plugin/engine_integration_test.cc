@@ -10,7 +10,7 @@
 #include "engine_plugin/notified_ready_event.h"
 #include "engine_plugin/store.h"
 #include "engine_plugin/store_worker.h"
-#include "engine_plugin/testing/pool_processes.h"
+#include "tests/harness/cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -112,25 +112,25 @@ std::unique_ptr<Store> OpenStore(const std::string& master, const std::string& s
 class EngineIntegrationTest : public ::testing::Test {
  protected:
   void StartPool(const std::string& embedded_size, bool with_segment_process) {
-    absl::StatusOr<testing::MasterProcess> master = testing::StartMaster(KVPOOL_MASTER_BIN,
-                                                                         embedded_size);
+    absl::StatusOr<kvpool::testing::MasterProcess> master =
+        kvpool::testing::StartMaster({"--embedded-segment-size=" + embedded_size});
     ASSERT_TRUE(master.ok()) << master.status();
     master_ = std::move(*master);
     if (with_segment_process) {
-      absl::StatusOr<testing::SegmentProcess> segment =
-          testing::StartSegment(KVPOOL_SEGMENT_BIN, master_.grpc_address, "64MiB");
+      absl::StatusOr<kvpool::testing::SegmentProcess> segment =
+          kvpool::testing::StartSegment(master_.grpc, "64MiB");
       ASSERT_TRUE(segment.ok()) << segment.status();
       segment_ = std::move(*segment);
     }
   }
 
-  testing::MasterProcess master_;
-  testing::SegmentProcess segment_;
+  kvpool::testing::MasterProcess master_;
+  kvpool::testing::SegmentProcess segment_;
 };
 
 TEST_F(EngineIntegrationTest, StoreZeroLoadRestoresIdenticalBytes) {
   StartPool("0", /*with_segment_process=*/true);
-  std::unique_ptr<Store> store = OpenStore(master_.grpc_address, "0");
+  std::unique_ptr<Store> store = OpenStore(master_.grpc, "0");
   ASSERT_NE(store, nullptr);
   Layer l0(1), l1(2);
   const std::vector<uint8_t> original0 = l0.bytes, original1 = l1.bytes;
@@ -165,7 +165,7 @@ TEST_F(EngineIntegrationTest, StoreZeroLoadRestoresIdenticalBytes) {
 TEST_F(EngineIntegrationTest, SecondStoreOfTheSameChunksSendsNoBytes) {
   StartPool("0", /*with_segment_process=*/false);
   // The pool's only memory is a segment inside this process, so its counters see every byte.
-  std::unique_ptr<Store> store = OpenStore(master_.grpc_address, "16MiB");
+  std::unique_ptr<Store> store = OpenStore(master_.grpc, "16MiB");
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(store->local_segment_stats().has_value());
   Layer l0(3);
@@ -196,8 +196,8 @@ TEST_F(EngineIntegrationTest, SecondStoreOfTheSameChunksSendsNoBytes) {
 
 TEST_F(EngineIntegrationTest, LookupCountsOnlyWhatEveryTpRankHas) {
   StartPool("64MiB", /*with_segment_process=*/false);
-  std::unique_ptr<Store> store0 = OpenStore(master_.grpc_address, "0");
-  std::unique_ptr<Store> store1 = OpenStore(master_.grpc_address, "0");
+  std::unique_ptr<Store> store0 = OpenStore(master_.grpc, "0");
+  std::unique_ptr<Store> store1 = OpenStore(master_.grpc, "0");
   ASSERT_NE(store0, nullptr);
   ASSERT_NE(store1, nullptr);
   Layer cache0(4), cache1(5);
@@ -225,7 +225,7 @@ TEST_F(EngineIntegrationTest, LookupCountsOnlyWhatEveryTpRankHas) {
 TEST_F(EngineIntegrationTest, FullPoolMakesTheSenderBackOffUntilAStoreSucceeds) {
   // A 256 KiB pool; each chunk is 2 * 16 * 2 * 32 * 2 = 4 KiB, so 64 chunks fill it.
   StartPool("256KiB", /*with_segment_process=*/false);
-  std::unique_ptr<Store> store = OpenStore(master_.grpc_address, "0");
+  std::unique_ptr<Store> store = OpenStore(master_.grpc, "0");
   ASSERT_NE(store, nullptr);
   Layer cache(6);
   std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(*store, Options());
@@ -235,7 +235,7 @@ TEST_F(EngineIntegrationTest, FullPoolMakesTheSenderBackOffUntilAStoreSucceeds) 
 
   // Three quarters of the pool hold hard-pinned objects, which eviction never takes.
   ClientOptions client_options;
-  client_options.master_address = master_.grpc_address;
+  client_options.master_address = master_.grpc;
   std::unique_ptr<Client> pinner = std::move(Client::Create(client_options).value());
   const std::string pinned(4096, 'p');
   for (int i = 0; i < 48; ++i) {
