@@ -434,12 +434,18 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv, bool sweep) {
         }
       }
     }
-    rows.push_back({32, 8, 128, 16, 64, 8192, DType::kBF16, false});
-    rows.push_back({64, 8, 128, 16, 64, 8192, DType::kFP8E4M3, false});
-    rows.push_back({64, 8, 128, 16, 64, 8192, DType::kFP16, false});
-    rows.push_back({32, 8, 64, 32, 64, 8192, DType::kBF16, false});
-    rows.push_back({32, 8, 256, 32, 64, 8192, DType::kBF16, false});
-    rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false});  // small batch: splits
+    // Extra shapes, each followed by the previous schedule on it.
+    for (const GqaConfigRow& x : {GqaConfigRow{32, 8, 128, 16, 64, 8192, DType::kBF16, false},
+                                  GqaConfigRow{64, 8, 128, 16, 64, 8192, DType::kFP8E4M3, false},
+                                  GqaConfigRow{64, 8, 128, 16, 64, 8192, DType::kFP16, false},
+                                  GqaConfigRow{32, 8, 64, 32, 64, 8192, DType::kBF16, false},
+                                  GqaConfigRow{32, 8, 256, 32, 64, 8192, DType::kBF16, false},
+                                  GqaConfigRow{64, 8, 128, 16, 4, 32768, DType::kBF16, false}}) {
+      rows.push_back(x);
+      GqaConfigRow previous = x;
+      previous.schedule = 1;
+      rows.push_back(previous);
+    }
     // Variant: 8 kv heads per block (one block per SM) instead of 4.
     for (int batch : {32, 128}) {
       for (int ctx : {4096, 32768})
@@ -459,7 +465,6 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv, bool sweep) {
         }
       }
     }
-    rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false, 0, 1});
   }
 
   // One pool big enough for the largest row, K/V-first layout over all of it.
