@@ -776,7 +776,9 @@ struct GqaLauncher {
 
 // Warps per block: one per (kv head, query group) pair, four by default. With d128 bf16 that is
 // still one block per SM, but each warp's ring is 4 stages deep instead of 3; measured as fast
-// as eight heads per block or faster (kept as a benchmark variant, see docs/benchmarks.md).
+// as eight heads per block or faster under the previous schedule. Under the planned one, eight
+// heads per block measured the same at batch 32 x 4k and 2-3% faster at 128 x 4k (a lead; kept
+// as a benchmark variant, see docs/benchmarks.md).
 template <typename KV, bool kQBf16, int kDim>
 cudaError_t DispatchWarps(GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                           cudaStream_t stream, size_t* need) {
