@@ -394,32 +394,77 @@ void BenchCopies(const Options& opt) {
 struct GqaConfigRow {
   int qo, kv, d, bs, batch, ctx;
   DType kv_type;
-  bool target;    // a row of the issue's target table
-  int warps = 0;  // KernelTuning::gqa_warps for a variant row
+  bool target;       // a row of the issue's target table
+  int warps = 0;     // KernelTuning::gqa_warps for a variant row
+  int schedule = 0;  // KernelTuning::gqa_schedule for a variant row
+  int chunk = 0;     // KernelTuning::gqa_chunk for a sweep row
 };
 
-void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
+// "2048 x 2, 128 items, one per block, cluster merge": what the launcher did.
+std::string ScheduleNote(const GqaScheduleInfo& g) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%d x %d, %d items%s%s", g.chunk, g.splits, g.items,
+                g.one_item ? ", one per block" : ", counter",
+                g.splits <= 1 ? "" : (g.cluster ? ", cluster merge" : ", merge kernel"));
+  return buf;
+}
+
+// sweep: instead of the table, the small rows under forced chunks (with and without clusters).
+void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv, bool sweep) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<GqaConfigRow> rows;
-  for (int bs : {16, 64}) {
-    for (int batch : {32, 64, 128}) {
-      for (int ctx : {4096, 8192, 16384, 32768}) {
-        if (opt.quick && (batch == 64 || ctx == 8192 || ctx == 16384)) continue;
-        rows.push_back({64, 8, 128, bs, batch, ctx, DType::kBF16, true});
+  if (sweep) {
+    for (const auto& [batch, ctx] :
+         {std::pair{32, 4096}, std::pair{32, 8192}, std::pair{64, 4096}, std::pair{128, 4096}}) {
+      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 0, 0});
+      for (int chunk : {256, 512, 1024, 2048, 4096}) {
+        if (chunk > ctx) continue;
+        rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 0, 0, chunk});
+        rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 0, 2, chunk});
+      }
+      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8, 0});
+    }
+  } else {
+    for (int bs : {16, 64}) {
+      for (int batch : {32, 64, 128}) {
+        for (int ctx : {4096, 8192, 16384, 32768}) {
+          if (opt.quick && (batch == 64 || ctx == 8192 || ctx == 16384)) continue;
+          rows.push_back({64, 8, 128, bs, batch, ctx, DType::kBF16, true});
+        }
       }
     }
-  }
-  rows.push_back({32, 8, 128, 16, 64, 8192, DType::kBF16, false});
-  rows.push_back({64, 8, 128, 16, 64, 8192, DType::kFP8E4M3, false});
-  rows.push_back({64, 8, 128, 16, 64, 8192, DType::kFP16, false});
-  rows.push_back({32, 8, 64, 32, 64, 8192, DType::kBF16, false});
-  rows.push_back({32, 8, 256, 32, 64, 8192, DType::kBF16, false});
-  rows.push_back({64, 8, 128, 16, 4, 32768, DType::kBF16, false});  // small batch: splits
-  // Variant: 8 kv heads per block (one block per SM) instead of 4.
-  for (int batch : {32, 128}) {
-    for (int ctx : {4096, 32768})
-      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
+    // Extra shapes, each followed by the previous schedule on it.
+    for (const GqaConfigRow& x : {GqaConfigRow{32, 8, 128, 16, 64, 8192, DType::kBF16, false},
+                                  GqaConfigRow{64, 8, 128, 16, 64, 8192, DType::kFP8E4M3, false},
+                                  GqaConfigRow{64, 8, 128, 16, 64, 8192, DType::kFP16, false},
+                                  GqaConfigRow{32, 8, 64, 32, 64, 8192, DType::kBF16, false},
+                                  GqaConfigRow{32, 8, 256, 32, 64, 8192, DType::kBF16, false},
+                                  GqaConfigRow{64, 8, 128, 16, 4, 32768, DType::kBF16, false}}) {
+      rows.push_back(x);
+      GqaConfigRow previous = x;
+      previous.schedule = 1;
+      rows.push_back(previous);
+    }
+    // Variant: 8 kv heads per block (one block per SM) instead of 4.
+    for (int batch : {32, 128}) {
+      for (int ctx : {4096, 32768})
+        rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
+    }
+    // Variant: the planned schedule without clusters, on the rows where it splits sequences.
+    for (int bs : {16, 64}) {
+      for (int ctx : {4096, 8192})
+        rows.push_back({64, 8, 128, bs, 32, ctx, DType::kBF16, false, 0, 2});
+    }
+    // Variant: the previous schedule (about four items per resident block), every target row.
+    for (int bs : {16, 64}) {
+      for (int batch : {32, 64, 128}) {
+        for (int ctx : {4096, 8192, 16384, 32768}) {
+          if (opt.quick && (batch == 64 || ctx == 8192 || ctx == 16384)) continue;
+          rows.push_back({64, 8, 128, bs, batch, ctx, DType::kBF16, false, 0, 1});
+        }
+      }
+    }
   }
 
   // One pool big enough for the largest row, K/V-first layout over all of it.
@@ -433,7 +478,8 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   std::printf("\n### GQA decode (paged, K/V-first layout, all sequences at full context)\n\n");
   std::printf(
       "| heads q/kv | d | kv | block | batch | context | median us | TB/s | vs read "
-      "ceiling |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+      "ceiling | schedule |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+      "|\n");
   for (const GqaConfigRow& r : rows) {
     if (!opt.only.empty()) {
       char want[64];
@@ -466,7 +512,11 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     CUDA_OK(cudaMalloc(&o, size_t{2} * r.batch * r.qo * r.d));
     CUDA_OK(cudaMalloc(&lse, size_t{4} * r.batch * r.qo));
     const GqaDecodeShape shape{r.batch, r.qo, r.kv, r.d, r.bs, bps};
-    const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, q_type, r.kv_type, r.ctx);
+    size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, q_type, r.kv_type, r.ctx);
+    if (r.chunk > 0) {  // room for the forced chunk's splits
+      const size_t splits = (r.ctx + r.chunk - 1) / r.chunk;
+      ws_bytes = std::max(ws_bytes, 256 + size_t{4} * r.batch * r.qo * (r.d + 1) * splits);
+    }
     CUDA_OK(cudaMalloc(&ws, ws_bytes));
     CUDA_OK(cudaMemcpy(d_table, ids.data(), needed * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_lens, lens.data(), r.batch * 4, cudaMemcpyHostToDevice));
@@ -474,6 +524,8 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     const AttentionScales scales{1.0f / std::sqrt(static_cast<float>(r.d)), 1.0f, 1.0f};
     KernelTuning tuning;
     tuning.gqa_warps = r.warps;
+    tuning.gqa_schedule = r.schedule;
+    tuning.gqa_chunk = r.chunk;
     SetKernelTuning(tuning);
     auto run = [&] {
       CUDA_OK(GqaDecode(q, q_type, pool, r.kv_type, layout, d_table, d_lens, r.ctx, shape, scales,
@@ -481,13 +533,21 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     };
     const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
     SetKernelTuning(KernelTuning{});
+    const std::string sched = ScheduleNote(LastGqaSchedule());
     const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +     // K and V
                          2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
     const double tbs = bytes / (ms * 1e-3) / 1e12;
-    std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s |\n", r.qo, r.kv, r.d,
+    std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s | %s |\n", r.qo, r.kv,
+                r.d,
                 r.kv_type == DType::kBF16 ? "bf16" : (r.kv_type == DType::kFP16 ? "fp16" : "e4m3"),
                 r.bs, r.batch, r.ctx, ms * 1e3, tbs, tbs / ceil.read_tbs,
-                r.warps == 8 ? " (variant: 8 kv heads per block)" : (r.target ? "" : " (extra)"));
+                r.warps == 8                      ? " (variant: 8 kv heads per block)"
+                : r.schedule == 1                 ? " (variant: previous schedule)"
+                : r.schedule == 2 && r.chunk == 0 ? " (variant: no clusters)"
+                : r.chunk > 0 ? (r.schedule == 2 ? " (sweep, no clusters)" : " (sweep)")
+                : r.target    ? ""
+                              : " (extra)",
+                sched.c_str());
     std::fflush(stdout);
     if (csv != nullptr && r.target) {
       std::fprintf(csv, "gqa,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.qo, r.kv, r.d, r.bs, r.batch,
@@ -611,7 +671,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] [--reps N]\n",
+          "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla,gqa-sweep] [--only ROW] "
+          "[--reps N]\n",
           argv[0]);
       return 2;
     }
@@ -638,7 +699,8 @@ int main(int argc, char** argv) {
   ceil.read_tbs = 4.6;  // placeholder when only one row is profiled
   if (opt.only.empty()) ceil = MeasureReadCeiling(nullptr, opt);
   if (sections.find("copy") != std::string::npos) BenchCopies(opt);
-  if (sections.find("gqa") != std::string::npos) BenchGqa(opt, ceil, csv);
+  if (("," + sections + ",").find(",gqa,") != std::string::npos) BenchGqa(opt, ceil, csv, false);
+  if (sections.find("gqa-sweep") != std::string::npos) BenchGqa(opt, ceil, nullptr, true);
   if (sections.find("mla") != std::string::npos) BenchMla(opt, ceil);
   if (csv != nullptr) std::fclose(csv);
   return 0;

@@ -1,7 +1,12 @@
 #include "kernels/gqa_decode.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <array>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
@@ -9,11 +14,15 @@
 
 // Design (docs/kernels.md has the long form):
 //  - A work item is (sequence, group of kWarps (kv head, <= 8 query heads) pairs, chunk of
-//    tokens); persistent thread blocks take items from an atomic counter, so ragged lengths
-//    balance themselves. One warp per kv head: the warps of a block stream the same cache
-//    blocks at the same pace, so together they read every block's rows whole (all heads of a
-//    token are adjacent in the engines' layouts), which DRAM serves much better than the
-//    256-byte pieces of one head.
+//    tokens). The chunk is planned on the host (PlanSchedule) from a model of the whole launch:
+//    each item costs about 5 us beyond its bytes (taking it, loading length, query and block
+//    table, waiting for its first tile), so small batches get few large items rather than about
+//    four per block. When the items fit the resident blocks, block i takes item i (no work
+//    counter, no memset); otherwise persistent blocks take items from an atomic counter, so
+//    ragged lengths balance themselves. One warp per kv head: the warps of a block stream the
+//    same cache blocks at the same pace, so together they read every block's rows whole (all
+//    heads of a token are adjacent in the engines' layouts), which DRAM serves much better than
+//    the 256-byte pieces of one head.
 //  - Each warp streams its 16-token tiles through a private shared-memory ring with cp.async:
 //    every thread copies exactly the 16-byte pieces it later reads itself, so the pipeline
 //    needs no barriers at all.
@@ -23,7 +32,12 @@
 //    element sits in which fragment slot is permuted so that every thread reads whole 16-byte
 //    pieces of K and V rows; the query is loaded with the same permutation and the output is
 //    un-permuted when it is written.
-//  - Sequences longer than one chunk write partial results that MergeSplitsKernel combines.
+//  - Sequences longer than one chunk write partial results that MergeSplitsKernel combines, or,
+//    when the planned items fit the GPU with each sequence's 2..8 splits as one thread block
+//    cluster, the splits leave their partials in shared memory and the cluster's rank 0 merges
+//    them over distributed shared memory (ClusterMerge): no merge kernel and no partials in HBM.
+//    Measured no faster on the GPU than the merge kernel (docs/benchmarks.md), but one launch
+//    fewer for the host.
 
 namespace kvpool::kernels {
 namespace {
@@ -57,6 +71,10 @@ struct GqaParams {
   int chunk;  // tokens per work item, a multiple of 16
   int max_splits;
   int total_items;
+  int one_item;  // 1: one item per block, block i takes item i (no work counter)
+  // 1 (with one_item): the max_splits splits of a (sequence, head group) are one thread block
+  // cluster, block rank = split; partials stay in shared memory and rank 0 merges them.
+  int cluster;
   float scale_log2;  // sm_scale * k_scale * log2(e)
   float v_scale;
 };
@@ -105,6 +123,65 @@ constexpr int MaxWarps() {
   return kSmemBudget / (8 * kStage) >= 2 ? 8 : (kSmemBudget / (4 * kStage) >= 2 ? 4 : 2);
 }
 
+// The cluster's merge (GqaParams::cluster): every block of the cluster has its partials in its
+// warps' shared memory at `warp_offset` (one_item: every thread gets here after one round).
+// Rank 0 merges them as MergeSplitsKernel does; the second barrier keeps the other blocks'
+// shared memory alive until it has read them. Not inlined, so that it costs the attention loop
+// no registers.
+template <bool kQBf16, int kDim>
+__device__ __noinline__ void ClusterMerge(const GqaParams& p, uint8_t* smem, int warp_offset,
+                                          int warps) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int split = blockIdx.x % p.max_splits;
+  const int t = blockIdx.x / p.max_splits;
+  const int hg = t % p.hgroups;
+  const int b = t / p.hgroups;
+  const int pair = hg * warps + warp;
+  const int len = pair < p.pairs ? p.seq_lens[b] : 0;
+  const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
+  if (split == 0 && nsplit > 1) {
+    const int g0 = (pair % p.qchunks) * 8;
+    const int grows = min(8, p.group - g0);
+    const int head0 = (pair / p.qchunks) * p.group + g0;
+    float* mine = reinterpret_cast<float*>(smem + warp_offset);
+    constexpr int kPer = kDim / 32;  // values per lane, consecutive pairs
+    for (int g = 0; g < grows; ++g) {
+      float m = -INFINITY;
+      for (int sp = 0; sp < nsplit; ++sp) {
+        m = fmaxf(m, cluster.map_shared_rank(mine, sp)[8 * kDim + g]);
+      }
+      float acc[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
+      float sum = 0.0f;
+      for (int sp = 0; sp < nsplit; ++sp) {
+        const float* part = cluster.map_shared_rank(mine, sp);
+        const float w = __expf(part[8 * kDim + g] - m);
+        sum += w;
+#pragma unroll
+        for (int i = 0; i < kPer; i += 2) {
+          const float2 v = *reinterpret_cast<const float2*>(part + g * kDim + i * 32 + lane * 2);
+          acc[i] += w * v.x;
+          acc[i + 1] += w * v.y;
+        }
+      }
+      const float inv = 1.0f / sum;
+      const size_t row = size_t{1} * b * p.num_qo_heads + head0 + g;
+      uint32_t* out = static_cast<uint32_t*>(p.o) + row * (kDim / 2);
+#pragma unroll
+      for (int i = 0; i < kPer; i += 2) {
+        out[(i * 32 + lane * 2) / 2] = detail::PackFloat2<kQBf16>(acc[i] * inv, acc[i + 1] * inv);
+      }
+      if (p.lse != nullptr && lane == 0) p.lse[row] = m + __logf(sum);
+    }
+  }
+  cluster.sync();
+}
+
 template <typename KV, bool kQBf16, int kDim, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     GqaDecodeKernel(const __grid_constant__ GqaParams p) {
@@ -121,17 +198,28 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int qd = lane % 4;
   const uint32_t pipe = detail::SmemAddr(smem) + warp * C::kStages * C::kStageBytes;
 
-  while (true) {
-    if (threadIdx.x == 0) s_item = atomicAdd(p.ws.counter, 1);
-    __syncthreads();
-    const int item = s_item;
-    __syncthreads();
-    if (item >= p.total_items) break;
+  for (int round = 0;; ++round) {
+    int item;
+    if (p.one_item) {
+      if (round > 0) break;
+      item = blockIdx.x;  // the grid is exactly total_items blocks: no counter, no barrier
+    } else {
+      if (threadIdx.x == 0) s_item = atomicAdd(p.ws.counter, 1);
+      __syncthreads();
+      item = s_item;
+      __syncthreads();
+      if (item >= p.total_items) break;
+    }
     int t = item;
+    int split = 0;
+    if (p.cluster) {
+      split = t % p.max_splits;
+      t /= p.max_splits;
+    }
     const int hg = t % p.hgroups;
     t /= p.hgroups;
     const int b = t % p.batch;
-    const int split = t / p.batch;
+    if (!p.cluster) split = t / p.batch;
     const int pair = hg * kWarps + warp;
     if (pair >= p.pairs) continue;  // idle warp of the last head group (no barriers below)
     const int len = p.seq_lens[b];
@@ -375,6 +463,25 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float inv0 = __shfl_sync(kFull, inv_row, 8 * qd);
     const float inv1 = __shfl_sync(kFull, inv_row, 8 * qd + 4);
     const bool direct = nsplit == 1;
+    if (p.cluster && !direct) {
+      // Into this warp's own ring, in head_dim order: rows g of kDim floats, then 8 lse.
+      __syncwarp();  // every lane is done reading the last tile
+      float* part = reinterpret_cast<float*>(smem + warp * C::kStages * C::kStageBytes);
+#pragma unroll
+      for (int col = 0; col < 2; ++col) {
+        const int g = 2 * qd + col;
+        if (g >= grows) continue;
+        const float inv = col ? inv1 : inv0;
+#pragma unroll
+        for (int mu = 0; mu < C::kMTiles; ++mu) {
+          const int d = C::kEV * (r + 8 * ((2 * mu) / C::kEV)) + (2 * mu) % C::kEV;
+          *reinterpret_cast<float2*>(part + g * kDim + d) =
+              make_float2(acc[mu][col] * inv, acc[mu][2 + col] * inv);
+        }
+      }
+      if (qd == 0 && r < grows) part[8 * kDim + r] = lse_row;
+      continue;
+    }
 #pragma unroll
     for (int col = 0; col < 2; ++col) {
       const int g = 2 * qd + col;
@@ -405,13 +512,122 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+
+  if (p.cluster) ClusterMerge<kQBf16, kDim>(p, smem, warp * C::kStages * C::kStageBytes, kWarps);
 }
 
-// Tokens per work item: about 4 items per resident block, at least 256 tokens, and at most
-// max_splits_cap splits per sequence (0: no cap).
+// Tokens per work item under the previous schedule (KernelTuning::gqa_schedule = 1): about 4
+// items per resident block, at least 256 tokens, and at most max_splits_cap splits per sequence
+// (0: no cap).
 int ChunkFor(int batch, int hgroups, int max_seq_len, int ctas, int max_splits_cap) {
   return detail::ChooseChunk(int64_t{batch} * hgroups, max_seq_len, ctas, /*granule=*/16,
                              /*min_chunk=*/256, /*waves=*/4, max_splits_cap);
+}
+
+// What a schedule costs, in microseconds, as the planner below models it. tile_us comes from the
+// read ceiling (about 4.6 TB/s on the H200) shared by all resident blocks; the fixed costs were
+// read off the benchmark (docs/benchmarks.md): with about five items per block the small rows
+// lost about 30 us whatever their size.
+struct ScheduleModel {
+  double tile_us;     // one block streaming one 16-token tile of its heads' K and V
+  double item_us;     // per item: taking it, loading length, query and block table, first tile
+  double counter_us;  // the work counter's reset (a memset before the kernel)
+  double merge_us;    // the merge kernel's launch and tail
+  double merge_bytes_per_us;  // partial results written and read back
+  double cluster_merge_us;    // merging in a cluster instead (two cluster barriers, DSMEM reads)
+};
+
+constexpr double kReadBytesPerUs = 4.6e6;
+
+// Finish time of the last block when `units` (sequence, head group) pairs of `tiles` tiles each
+// are cut into items of `chunk_tiles` and taken in the kernel's order (split after split) by
+// whichever of `ctas` blocks is free first; every sequence at full length. Blocks that finish at
+// the same time form one level, and there are only a few levels.
+double Makespan(int64_t units, int64_t tiles, int64_t chunk_tiles, int ctas,
+                const ScheduleModel& m) {
+  std::vector<std::pair<double, int64_t>> levels = {{0.0, ctas}};  // (finish time, blocks)
+  auto take = [&](int64_t items, double cost) {
+    while (items > 0) {
+      const auto [t, k] = levels.front();
+      const int64_t n = std::min(k, items);
+      if (n == k) {
+        levels.erase(levels.begin());
+      } else {
+        levels.front().second -= n;
+      }
+      const double done = t + cost;
+      auto it = std::lower_bound(levels.begin(), levels.end(), done,
+                                 [](const auto& l, double v) { return l.first < v; });
+      if (it != levels.end() && it->first == done) {
+        it->second += n;
+      } else {
+        levels.insert(it, {done, n});
+      }
+      items -= n;
+    }
+  };
+  const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
+  if (splits > 1) take(units * (splits - 1), chunk_tiles * m.tile_us + m.item_us);
+  take(units, (tiles - (splits - 1) * chunk_tiles) * m.tile_us + m.item_us);
+  return levels.back().first;
+}
+
+struct Schedule {
+  int chunk = 0;          // tokens per item, a multiple of 16
+  bool one_item = false;  // no more items than resident blocks: block i takes item i
+  bool cluster = false;   // one_item, and each sequence's splits merged inside their cluster
+};
+
+// The planned schedule: of the previous chunk and every cut into n = 1, 2, ... equal chunks (up
+// to eight waves of items), the one of least modelled cost (Makespan, plus the merge kernel
+// or the merge inside clusters when sequences are split, and the counter's reset when there are
+// more items than blocks). The previous chunk is kept unless another is at least 2% cheaper.
+// split_bytes: partial results of one split over the whole batch. max_clusters[n]: clusters of
+// n blocks that can be resident at once (n = 2..kMaxCluster), or null for no clusters.
+constexpr int kMaxCluster = 8;
+
+Schedule PlanSchedule(int64_t units, int max_seq_len, int ctas, int max_splits_cap,
+                      int64_t split_bytes, const ScheduleModel& m, int previous_chunk,
+                      const int* max_clusters) {
+  const int64_t tiles = std::max(1, (max_seq_len + 15) / 16);
+  auto clustered = [&](int64_t chunk_tiles) {
+    const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
+    return max_clusters != nullptr && splits > 1 && splits <= kMaxCluster &&
+           units <= max_clusters[splits];
+  };
+  auto cost = [&](int64_t chunk_tiles) {
+    const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
+    double c = Makespan(units, tiles, chunk_tiles, ctas, m);
+    if (clustered(chunk_tiles)) {
+      c += m.cluster_merge_us;
+    } else if (splits > 1) {
+      c += m.merge_us + 2.0 * splits * split_bytes / m.merge_bytes_per_us;
+    }
+    if (units * splits > ctas) c += m.counter_us;
+    return c;
+  };
+  const int64_t prev_tiles = std::max(1, previous_chunk / 16);
+  const double prev_cost = cost(prev_tiles);
+  int64_t best_tiles = prev_tiles;
+  double best_cost = prev_cost;
+  int64_t last = 0;
+  for (int64_t n = 1; n <= tiles; ++n) {
+    const int64_t chunk_tiles = (tiles + n - 1) / n;
+    if (chunk_tiles == last) continue;
+    last = chunk_tiles;
+    const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
+    if (max_splits_cap >= 1 && splits > max_splits_cap) break;
+    if (units * splits > int64_t{8} * ctas) break;
+    const double c = cost(chunk_tiles);
+    if (c < best_cost) {
+      best_cost = c;
+      best_tiles = chunk_tiles;
+    }
+  }
+  if (best_cost > 0.98 * prev_cost) best_tiles = prev_tiles;
+  const int64_t splits = (tiles + best_tiles - 1) / best_tiles;
+  const bool one_item = units * splits <= ctas;
+  return {static_cast<int>(best_tiles * 16), one_item, one_item && clustered(best_tiles)};
 }
 
 template <typename KV, bool kQBf16, int kDim, int kWarps>
@@ -436,6 +652,53 @@ struct GqaLauncher {
     return ctas;
   }
 
+  // Clusters of n blocks (index n = 2..kMaxCluster) that fit the GPU at once; 0 where the
+  // query fails. Called after ResidentCtas (which sets the shared-memory attribute).
+  static const int* MaxClusters() {
+    static const std::array<int, kMaxCluster + 1> clusters = [] {
+      std::array<int, kMaxCluster + 1> n{};
+      for (int size = 2; size <= kMaxCluster; ++size) {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(size);
+        config.blockDim = dim3(kWarps * 32);
+        config.dynamicSmemBytes = C::kSmemBytes;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = size;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        config.attrs = &attr;
+        config.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n[size], GqaDecodeKernel<KV, kQBf16, kDim, kWarps>,
+                                           &config) != cudaSuccess) {
+          n[size] = 0;
+          (void)cudaGetLastError();
+        }
+      }
+      return n;
+    }();
+    return clusters.data();
+  }
+
+  // The previous schedule or the planned one, with at most max_splits_cap splits per sequence
+  // (0: no cap).
+  static Schedule Choose(const GqaParams& p, int max_seq_len, int ctas, int max_splits_cap,
+                         bool previous_schedule, bool use_clusters) {
+    const int previous = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, max_splits_cap);
+    if (previous_schedule) return {previous, false, false};
+    ScheduleModel m;
+    const double tile_bytes = 16.0 * kWarps * 2 * kDim * C::kEB;
+    m.tile_us = tile_bytes * ctas / kReadBytesPerUs;
+    m.item_us = 5.0;
+    m.counter_us = 2.0;
+    m.merge_us = 4.0;
+    m.merge_bytes_per_us = 3.0e6;
+    m.cluster_merge_us = 1.0;
+    const int64_t split_bytes = int64_t{4} * p.batch * p.num_qo_heads * (kDim + 1);
+    return PlanSchedule(int64_t{p.batch} * p.hgroups, max_seq_len, ctas, max_splits_cap,
+                        split_bytes, m, previous, use_clusters ? MaxClusters() : nullptr);
+  }
+
   // With `need` set, only computes the workspace this call would use at most and stores it.
   static cudaError_t Run(GqaParams p, int max_seq_len, size_t workspace_bytes, void* workspace,
                          cudaStream_t stream, size_t* need) {
@@ -443,26 +706,64 @@ struct GqaLauncher {
     if (ctas <= 0) return cudaErrorInvalidConfiguration;
     p.hgroups = (p.pairs + kWarps - 1) / kWarps;
     if (need != nullptr) {
-      const int chunk = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, 0);
-      *need = detail::SplitWorkspaceBytes(p.batch, detail::NumSplits(max_seq_len, chunk),
-                                          p.num_qo_heads, kDim);
+      // Room for either schedule, so that the benchmark can switch between them.
+      const int previous = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, 0);
+      const int planned = Choose(p, max_seq_len, ctas, 0, false, true).chunk;
+      const int unclustered = Choose(p, max_seq_len, ctas, 0, false, false).chunk;
+      const int splits = std::max({detail::NumSplits(max_seq_len, previous),
+                                   detail::NumSplits(max_seq_len, planned),
+                                   detail::NumSplits(max_seq_len, unclustered)});
+      *need = detail::SplitWorkspaceBytes(p.batch, splits, p.num_qo_heads, kDim);
       return cudaSuccess;
     }
     if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
     const int64_t per_split = int64_t{4} * p.batch * p.num_qo_heads * (kDim + 1);
     const int cap = static_cast<int>(std::clamp<int64_t>(
         (static_cast<int64_t>(workspace_bytes) - detail::kCounterBytes) / per_split, 1, 1 << 20));
-    const int chunk = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, cap);
+    const KernelTuning& tuning = GetKernelTuning();
+    Schedule sched =
+        Choose(p, max_seq_len, ctas, cap, tuning.gqa_schedule == 1, tuning.gqa_schedule == 0);
+    if (tuning.gqa_chunk > 0 && tuning.gqa_chunk % 16 == 0 &&
+        detail::NumSplits(max_seq_len, tuning.gqa_chunk) <= cap) {
+      // Benchmark sweeps: this chunk, with the planner's rules for the rest.
+      sched.chunk = tuning.gqa_chunk;
+      const int splits = detail::NumSplits(max_seq_len, sched.chunk);
+      const int64_t units = int64_t{p.batch} * p.hgroups;
+      sched.one_item = units * splits <= ctas;
+      sched.cluster = tuning.gqa_schedule == 0 && sched.one_item && splits > 1 &&
+                      splits <= kMaxCluster && units <= MaxClusters()[splits];
+    }
+    const int chunk = sched.chunk;
     p.chunk = chunk;
     p.max_splits = detail::NumSplits(max_seq_len, chunk);
     p.ws = detail::CarveSplitWorkspace(workspace, p.batch, p.max_splits, p.num_qo_heads);
     const int64_t items = int64_t{p.max_splits} * p.batch * p.hgroups;
     if (items > INT32_MAX) return cudaErrorInvalidValue;
     p.total_items = static_cast<int>(items);
-    if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
-      return e;
+    p.one_item = sched.one_item ? 1 : 0;
+    if (!sched.one_item) {
+      if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
+        return e;
+      }
     }
+    p.cluster = sched.cluster ? 1 : 0;
     const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
+    SetLastGqaSchedule({chunk, p.max_splits, p.total_items, grid, sched.one_item, sched.cluster});
+    if (sched.cluster) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(grid);
+      config.blockDim = dim3(kWarps * 32);
+      config.dynamicSmemBytes = C::kSmemBytes;
+      config.stream = stream;
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = p.max_splits;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      return cudaLaunchKernelEx(&config, GqaDecodeKernel<KV, kQBf16, kDim, kWarps>, p);
+    }
     GqaDecodeKernel<KV, kQBf16, kDim, kWarps><<<grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (p.max_splits > 1) {
@@ -475,7 +776,9 @@ struct GqaLauncher {
 
 // Warps per block: one per (kv head, query group) pair, four by default. With d128 bf16 that is
 // still one block per SM, but each warp's ring is 4 stages deep instead of 3; measured as fast
-// as eight heads per block or faster (kept as a benchmark variant, see docs/benchmarks.md).
+// as eight heads per block or faster under the previous schedule. Under the planned one, eight
+// heads per block measured the same at batch 32 x 4k and 2-3% faster at 128 x 4k (a lead; kept
+// as a benchmark variant, see docs/benchmarks.md).
 template <typename KV, bool kQBf16, int kDim>
 cudaError_t DispatchWarps(GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
                           cudaStream_t stream, size_t* need) {

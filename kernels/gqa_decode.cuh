@@ -4,7 +4,8 @@
 // engine's paged KV cache: bf16 or fp16 caches, or float8 e4m3 caches with per-tensor scales;
 // head_dim 64, 128 or 256; any block size that is a multiple of 16; any layout PagedKvLayout
 // describes. Long sequences are split across thread blocks (flash decoding) so that small
-// batches still fill the GPU; the partial results are merged by a second kernel.
+// batches still fill the GPU; the partial results are merged by a second kernel, or inside the
+// attention kernel when each sequence's splits run as one thread block cluster.
 
 #include <cuda_runtime_api.h>
 

@@ -3,8 +3,9 @@
 # against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
 # Logs and tables go to $OUT (or ./gpu-out).
 #
-#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [bench-mla] [ncu] [ncu-source]
-#   (default: check bench sdpa; bench-mla: only the read ceiling and the MLA rows)
+#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [bench-mla] [bench-gqa] [ncu] [ncu-source]
+#   (default: check bench sdpa; bench-mla / bench-gqa: only the read ceiling and the MLA / GQA
+#   rows)
 # ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,6 +38,10 @@ if [[ " $steps " == *" bench "* ]]; then
 fi
 if [[ " $steps " == *" bench-mla "* ]]; then
   timeout 300 "$build/kvpool-kernels-bench" --sections mla 2>&1 | tee "$out/bench_mla.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" bench-gqa "* ]]; then
+  timeout 300 "$build/kvpool-kernels-bench" --sections gqa 2>&1 | tee "$out/bench_gqa.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then

@@ -422,7 +422,8 @@ struct GqaCase {
   DType kv_type, q_type;
   Layout layout;
   std::vector<int> lens;
-  int warps = 0;  // KernelTuning::gqa_warps (0: the launcher's choice)
+  int warps = 0;     // KernelTuning::gqa_warps (0: the launcher's choice)
+  int schedule = 0;  // KernelTuning::gqa_schedule (0: the launcher's choice)
 };
 
 CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
@@ -432,7 +433,8 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     s << "gqa/" << c.qo_heads << "x" << c.kv_heads << "/d" << c.head_dim << "/bs" << c.block_size
       << "/" << DTypeName(c.kv_type) << (c.kv_type == DType::kFP8E4M3 ? "-q" : "")
       << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << "/" << LayoutName(c.layout)
-      << (c.warps ? "/warps" + std::to_string(c.warps) : "");
+      << (c.warps ? "/warps" + std::to_string(c.warps) : "")
+      << (c.schedule ? "/schedule" + std::to_string(c.schedule) : "");
     res.name = s.str();
   }
   const int batch = static_cast<int>(c.lens.size());
@@ -516,6 +518,7 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
     KernelTuning tuning;
     tuning.gqa_warps = c.warps;
+    tuning.gqa_schedule = c.schedule;
     SetKernelTuning(tuning);
     const cudaError_t launch =
         GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout, d_table.as<int32_t>(),
@@ -571,6 +574,14 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
   // Long sequences: split across blocks and merged.
   out.push_back(RunGqaCase(
       {64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst, {4099, 1, 2500, 700}}, rng));
+  // The previous schedule: more items than blocks, taken from the work counter.
+  out.push_back(RunGqaCase(
+      {64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst, {4099, 1, 2500, 700}, 0, 1},
+      rng));
+  // The planned schedule without clusters: one item per block, partials merged by the merge kernel.
+  out.push_back(RunGqaCase({64, 8, 128, 64, DType::kBF16, DType::kBF16, Layout::kBlocksFirst,
+                            {3000, 17, 1, 0, 2049}, 0, 2},
+                           rng));
   // The eight-heads-per-block variant.
   out.push_back(RunGqaCase(
       {64, 8, 128, 32, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst, {1, 2500, 77, 0}, 8},
