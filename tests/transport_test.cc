@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kvpool/client.h"
 #include "proto/error_codes.h"
+#include "server/segment/memory_pool.h"
 #include "tests/harness/cluster.h"
 #include "tests/harness/values.h"
 #include "tests/harness/http_get.h"
@@ -274,19 +275,7 @@ TEST_P(ClientKilledTest, ClientKilledMidPutLeavesNothingVisibleAndTheServersServ
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClientKilledTest, ::testing::Values("tcp", "shm"));
 
-// Huge pages a new pool can still reserve: HugePages_Free less HugePages_Rsvd, -1 if absent.
-int64_t FreeHugePages() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::map<std::string, int64_t> fields;
-  std::string name;
-  int64_t value = 0;
-  while (meminfo >> name >> value) {
-    fields[name] = value;
-    meminfo.ignore(64, '\n');
-  }
-  if (!fields.contains("HugePages_Free:") || !fields.contains("HugePages_Rsvd:")) return -1;
-  return fields["HugePages_Free:"] - fields["HugePages_Rsvd:"];
-}
+using segment::FreeHugePages;
 
 TEST(HugePagesTest, SegmentOnHugePagesServesTcpAndSharedMemory) {
   constexpr int64_t kPages = 16;  // a 32 MiB pool: RoundTrips needs about 17 MiB
