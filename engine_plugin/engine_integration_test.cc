@@ -10,6 +10,7 @@
 #include "engine_plugin/notified_ready_event.h"
 #include "engine_plugin/store.h"
 #include "engine_plugin/store_worker.h"
+#include "engine_plugin/testing/requests.h"
 #include "tests/harness/cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -53,13 +54,7 @@ std::vector<std::string> Hashes(const std::string& prefix, int n) {
 
 ReqMeta Save(const std::string& id, std::vector<std::string> hashes,
              std::vector<int64_t> block_ids) {
-  ReqMeta r;
-  r.req_id = id;
-  r.token_len_chunk = hashes.size() * kBlockSize;
-  r.block_hashes = std::move(hashes);
-  r.block_ids = std::move(block_ids);
-  r.can_save = true;
-  return r;
+  return testing::SaveRequest(id, std::move(hashes), std::move(block_ids), kBlockSize);
 }
 
 ReqMeta Load(const std::string& id, std::vector<std::string> hashes,

@@ -4,6 +4,7 @@
 
 #include "engine_plugin/notified_ready_event.h"
 #include "engine_plugin/testing/fake_store.h"
+#include "engine_plugin/testing/requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -46,13 +47,7 @@ StoreWorkerOptions Options() {
 
 ReqMeta SaveRequest(const std::string& id, std::vector<std::string> hashes,
                     std::vector<int64_t> block_ids) {
-  ReqMeta r;
-  r.req_id = id;
-  r.token_len_chunk = hashes.size() * kBlockSize;
-  r.block_hashes = std::move(hashes);
-  r.block_ids = std::move(block_ids);
-  r.can_save = true;
-  return r;
+  return testing::SaveRequest(id, std::move(hashes), std::move(block_ids), kBlockSize);
 }
 
 TEST(StoreWorkerTest, KeysAndStepsFollowTheParallelism) {
