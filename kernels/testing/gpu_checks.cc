@@ -172,6 +172,25 @@ std::string LensString(const std::vector<int>& lens) {
   return s.str();
 }
 
+// Judges one decode's output and log-sum-exp (copied back) against the CPU reference: no
+// non-finite values, and a relative L2 error within 1e-2 where bf16 is involved, else 4e-3.
+// Sets res.ok and res.detail, raises `worst` to this run's error, and returns res.ok.
+bool JudgeDecode(const void* o, const std::vector<float>& lse, const std::vector<float>& o_ref,
+                 const std::vector<float>& lse_ref, DType q_type, DType kv_type,
+                 const std::vector<int>& lens, double& worst, CheckResult& res) {
+  const Comparison cmp = Compare(o, q_type, o_ref, lse, lse_ref);
+  const double tol = q_type == DType::kBF16 || kv_type == DType::kBF16 ? 1e-2 : 4e-3;
+  worst = std::max(worst, cmp.rel_l2);
+  std::ostringstream s;
+  s << LensString(lens) << " rel_l2=" << cmp.rel_l2 << " max_abs=" << cmp.max_abs
+    << " lse_max_abs=" << cmp.lse_max_abs;
+  if (cmp.non_finite > 0) s << " non_finite=" << cmp.non_finite;
+  if (cmp.lse_bad > 0) s << " lse_bad=" << cmp.lse_bad;
+  res.detail = s.str();
+  res.ok = cmp.non_finite == 0 && cmp.lse_bad == 0 && cmp.rel_l2 <= tol;
+  return res.ok;
+}
+
 // Random values of type t, written element-wise; fp8 values are U(-2, 2) rounded to e4m3.
 void FillRandomValues(void* p, size_t n, DType t, float lo, float hi, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -509,7 +528,6 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   std::vector<uint8_t> o(q.size());
   std::vector<float> lse(lse_ref.size());
   double worst = 0.0;
-  // Twice: the second run reuses the workspace (the work counter must have been reset).
   // Run 1 reuses the workspace (its work counter must have been reset); run 2 gets room for two
   // splits only, so long sequences take larger chunks.
   const size_t small_ws = std::min(ws_bytes, 256 + size_t{8} * batch * c.qo_heads * (d + 1));
@@ -529,17 +547,9 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
-    const Comparison cmp = Compare(o.data(), c.q_type, o_ref, lse, lse_ref);
-    const double tol = c.q_type == DType::kBF16 || c.kv_type == DType::kBF16 ? 1e-2 : 4e-3;
-    worst = std::max(worst, cmp.rel_l2);
-    std::ostringstream s;
-    s << LensString(c.lens) << " rel_l2=" << cmp.rel_l2 << " max_abs=" << cmp.max_abs
-      << " lse_max_abs=" << cmp.lse_max_abs;
-    if (cmp.non_finite > 0) s << " non_finite=" << cmp.non_finite;
-    if (cmp.lse_bad > 0) s << " lse_bad=" << cmp.lse_bad;
-    res.detail = s.str();
-    res.ok = cmp.non_finite == 0 && cmp.lse_bad == 0 && cmp.rel_l2 <= tol;
-    if (!res.ok) break;
+    if (!JudgeDecode(o.data(), lse, o_ref, lse_ref, c.q_type, c.kv_type, c.lens, worst, res)) {
+      break;
+    }
   }
   res.error = worst;
   return res;
@@ -682,17 +692,9 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
-    const Comparison cmp = Compare(o.data(), c.q_type, o_ref, lse, lse_ref);
-    const double tol = c.q_type == DType::kBF16 || c.kv_type == DType::kBF16 ? 1e-2 : 4e-3;
-    worst = std::max(worst, cmp.rel_l2);
-    std::ostringstream s;
-    s << LensString(c.lens) << " rel_l2=" << cmp.rel_l2 << " max_abs=" << cmp.max_abs
-      << " lse_max_abs=" << cmp.lse_max_abs;
-    if (cmp.non_finite > 0) s << " non_finite=" << cmp.non_finite;
-    if (cmp.lse_bad > 0) s << " lse_bad=" << cmp.lse_bad;
-    res.detail = s.str();
-    res.ok = cmp.non_finite == 0 && cmp.lse_bad == 0 && cmp.rel_l2 <= tol;
-    if (!res.ok) break;
+    if (!JudgeDecode(o.data(), lse, o_ref, lse_ref, c.q_type, c.kv_type, c.lens, worst, res)) {
+      break;
+    }
   }
   res.error = worst;
   return res;
