@@ -661,6 +661,50 @@ absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
   return response->removed();
 }
 
+absl::StatusOr<uint64_t> Client::RemoveByRegex(absl::string_view pattern, bool force) {
+  if (pattern.empty()) return absl::InvalidArgumentError("remove by regex: the pattern is empty");
+  {
+    absl::MutexLock lock(&impl_->cache_mu);
+    impl_->locations.clear();
+  }
+  v1::RemoveAllRequest request;
+  request.set_force(force);
+  request.set_key_regex(std::string(pattern));
+  absl::StatusOr<v1::RemoveAllResponse> response = impl_->master.RemoveAll(request);
+  if (!response.ok()) return response.status();
+  return response->removed();
+}
+
+std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> Client::BatchReplicaLocations(
+    absl::Span<const std::string> keys) {
+  v1::BatchGetReplicaListRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
+      impl_->master.BatchGetReplicaList(request);
+  if (located.ok() && located->results_size() != static_cast<int>(keys.size())) {
+    located = CountMismatch(located->results_size(), keys.size());
+  }
+  std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> results;
+  results.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!located.ok()) {
+      results.push_back(located.status());
+      continue;
+    }
+    const v1::GetResult& result = located->results(static_cast<int>(i));
+    if (result.code() != v1::OK) {
+      results.push_back(FromErrorCode(result.code(), result.message()));
+      continue;
+    }
+    std::vector<ReplicaLocation> replicas;
+    for (const v1::Placement& p : result.replicas()) {
+      replicas.push_back(ReplicaLocation{p.segment_name(), p.endpoint(), p.offset(), p.length()});
+    }
+    results.push_back(std::move(replicas));
+  }
+  return results;
+}
+
 absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   absl::StatusOr<v1::GetClusterStatusResponse> response =
       impl_->master.GetClusterStatus(v1::GetClusterStatusRequest());

@@ -1,5 +1,8 @@
 #include "common/net.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -34,6 +37,40 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
 std::string FormatHostPort(absl::string_view host, uint16_t port) {
   if (host.find(':') != absl::string_view::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<std::string> ResolveHost(absl::string_view host) {
+  std::string name(host);
+  in6_addr scratch;
+  if (inet_pton(AF_INET, name.c_str(), &scratch) == 1 ||
+      inet_pton(AF_INET6, name.c_str(), &scratch) == 1) {
+    return name;
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(name.c_str(), nullptr, &hints, &found); rc != 0) {
+    return absl::NotFoundError(absl::StrCat("host name \"", name, "\" does not resolve: ",
+                                            gai_strerror(rc)));
+  }
+  std::string v4, v6;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET && v4.empty()) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text,
+                sizeof(text));
+      v4 = text;
+    } else if (a->ai_family == AF_INET6 && v6.empty()) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
+                sizeof(text));
+      v6 = text;
+    }
+  }
+  freeaddrinfo(found);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  return absl::NotFoundError(absl::StrCat("host name \"", name, "\" has no IP address"));
 }
 
 std::string MachineId() {

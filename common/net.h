@@ -22,6 +22,11 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 // Inverse of ParseHostPort; brackets IPv6 literals.
 std::string FormatHostPort(absl::string_view host, uint16_t port);
 
+// An IP address literal for `host`: itself if it is one already ("10.0.0.5", "::1"), else the
+// first IPv4 (then IPv6) address the resolver gives for the name ("localhost" -> 127.0.0.1).
+// NotFound if the name does not resolve.
+absl::StatusOr<std::string> ResolveHost(absl::string_view host);
+
 // This machine's host name ("localhost" if it cannot be read).
 std::string LocalHostName();
 

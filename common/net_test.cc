@@ -24,5 +24,14 @@ TEST(HostPortTest, RejectsMissingOrBadPorts) {
   }
 }
 
+TEST(ResolveHostTest, KeepsLiteralsAndResolvesNames) {
+  EXPECT_EQ(ResolveHost("10.1.2.3").value_or(""), "10.1.2.3");
+  EXPECT_EQ(ResolveHost("::1").value_or(""), "::1");
+  EXPECT_EQ(ResolveHost("localhost").value_or(""), "127.0.0.1");
+  absl::StatusOr<std::string> own = ResolveHost(LocalHostName());
+  EXPECT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE(absl::IsNotFound(ResolveHost("no-such-host.invalid").status()));
+}
+
 }  // namespace
 }  // namespace kvpool

@@ -9,8 +9,11 @@ namespace {
 
 absl::Status Closed() { return absl::FailedPreconditionError("the store is closed"); }
 
-// Where the in-process segment listens, from Mooncake's local_hostname ("ip" or "ip:port").
-segment::SegmentOptions InProcessSegmentOptions(const StoreConfig& config) {
+// Where the in-process segment listens, from Mooncake's local_hostname: an IP or a host name
+// ("localhost", "node-3"), with or without ":port". A name is resolved to the address the
+// segment binds; it is still advertised (and named) by that name, as Mooncake names a
+// client's segment "localhost:12345".
+absl::StatusOr<segment::SegmentOptions> InProcessSegmentOptions(const StoreConfig& config) {
   segment::SegmentOptions options;
   options.master_address = config.master_server_address;
   options.size = config.global_segment_size;
@@ -24,11 +27,21 @@ segment::SegmentOptions InProcessSegmentOptions(const StoreConfig& config) {
     bool loopback = master.ok() && (master->host == "127.0.0.1" || master->host == "localhost" ||
                                     master->host == "::1");
     options.listen = loopback ? "127.0.0.1:0" : "0.0.0.0:0";
-  } else if (ParseHostPort(local).ok()) {
-    options.listen = local;
-  } else {
-    options.listen = FormatHostPort(local, 0);
+    return options;
   }
+  HostPort where{local, 0};
+  // "host:port" or "[v6]:port"; a bare IPv6 literal has several colons and no port.
+  if (absl::StatusOr<HostPort> parsed = ParseHostPort(local);
+      parsed.ok() && (local.front() == '[' || local.find(':') == local.rfind(':'))) {
+    where = *parsed;
+  }
+  absl::StatusOr<std::string> ip = ResolveHost(where.host);
+  if (!ip.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_hostname \"", local, "\": ", ip.status().message()));
+  }
+  options.listen = FormatHostPort(*ip, where.port);
+  if (*ip != where.host) options.advertise_host = where.host;
   return options;
 }
 
@@ -40,17 +53,24 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
     KVPOOL_LOG(WARNING) << "protocol \"rdma\" requested; kvpool moves the bytes over TCP until "
                            "its RDMA transport is available";
   }
-  ClientOptions options = client_options;
-  options.master_address = config.master_server_address;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
-  if (!client.ok()) return client.status();
-
+  // The in-process segment starts first: the client then knows its host as this machine's
+  // (PutOptions::prefer_local_segment, Mooncake's prefer_alloc_in_same_node, places there).
   std::unique_ptr<segment::Segment> segment;
   if (config.global_segment_size > 0) {
+    absl::StatusOr<segment::SegmentOptions> segment_options = InProcessSegmentOptions(config);
+    if (!segment_options.ok()) return segment_options.status();
     absl::StatusOr<std::unique_ptr<segment::Segment>> started =
-        segment::Segment::Start(InProcessSegmentOptions(config));
+        segment::Segment::Start(*segment_options);
     if (!started.ok()) return started.status();
     segment = std::move(*started);
+  }
+  ClientOptions options = client_options;
+  options.master_address = config.master_server_address;
+  if (segment != nullptr && options.local_host.empty()) options.local_host = segment->host();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  if (!client.ok()) {
+    if (segment != nullptr) segment->Stop();
+    return client.status();
   }
   return std::unique_ptr<Store>(
       new Store(config, std::shared_ptr<Client>(std::move(*client)), std::move(segment)));

@@ -12,6 +12,8 @@ build_packages=(
   libabsl-dev libboost-dev libssl-dev libibverbs-dev prometheus-cpp-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   python3 python3-dev pybind11-dev
+  # pip install --no-build-isolation . (setup.py drives the CMake build of the module)
+  python3-pip python3-setuptools python3-wheel python3-venv
 )
 test_packages=(
   python3-pytest python3-numpy python3-torch

@@ -1,10 +1,7 @@
-// The `kvpool` Python module: the Mooncake-compatible store API and the engine plugin.
-//
-//   import kvpool
-//   store = kvpool.MooncakeDistributedStore()      # or kvpool.Store()
-//   store.setup({"master_server_address": "127.0.0.1:50051", "global_segment_size": "1GB"})
-//
-// `from kvpool.store import MooncakeDistributedStore` mirrors `from mooncake.store import ...`.
+// kvpool._kvpool: the compiled half of the `kvpool` Python package (engine_plugin/python/kvpool/
+// holds the other). It binds the native store (kvpool.Store, kvpool's own return conventions),
+// the engine plugin and the GPU pieces; kvpool/store.py builds Mooncake's
+// MooncakeDistributedStore API, with Mooncake's conventions, on top of it.
 
 #include <pybind11/pybind11.h>
 
@@ -15,8 +12,8 @@
 
 namespace py = pybind11;
 
-PYBIND11_MODULE(kvpool, m) {
-  m.doc() = "kvpool: a distributed KV-cache pool for LLM inference engines";
+PYBIND11_MODULE(_kvpool, m) {
+  m.doc() = "kvpool's compiled bindings (import kvpool, not this)";
   kvpool::engine::python::BindStore(m);
   kvpool::engine::python::BindEngine(m);
   kvpool::engine::python::BindGpu(m);
@@ -26,10 +23,4 @@ PYBIND11_MODULE(kvpool, m) {
   m.attr("OBJECT_ALREADY_EXISTS") = static_cast<int>(kvpool::v1::OBJECT_ALREADY_EXISTS);
   m.attr("INVALID_PARAMS") = static_cast<int>(kvpool::v1::INVALID_PARAMS);
   m.attr("OBJECT_HAS_LEASE") = static_cast<int>(kvpool::v1::OBJECT_HAS_LEASE);
-
-  // kvpool.store, importable as a module like mooncake.store.
-  py::module_ store = m.def_submodule("store", "Mooncake-compatible store API");
-  store.attr("MooncakeDistributedStore") = m.attr("Store");
-  store.attr("Store") = m.attr("Store");
-  py::module_::import("sys").attr("modules")["kvpool.store"] = store;
 }

@@ -186,6 +186,56 @@ std::vector<int> BatchIsExist(PyStore& self, const std::vector<std::string>& key
   return out;
 }
 
+// PutOptions from the Python layer's arguments (kvpool.store.ReplicateConfig unpacked):
+// pin 0 none, 1 soft, 2 hard.
+PutOptions MakePutOptions(uint32_t replicas, int pin, bool prefer_local) {
+  PutOptions options;
+  options.replicas = replicas == 0 ? 1 : replicas;
+  options.pin = pin == 2 ? PinMode::kHard : pin == 1 ? PinMode::kSoft : PinMode::kNone;
+  options.prefer_local_segment = prefer_local;
+  return options;
+}
+
+// Stores `items` through the client with per-call options: per key 0 or the negative code
+// (-705 for a key stored already, as the client reports it).
+std::vector<int> PutWithOptions(PyStore& self, const std::vector<PutItem>& items,
+                                const PutOptions& options) {
+  std::shared_ptr<Store> store = self.store;
+  std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+  if (client == nullptr) return std::vector<int>(items.size(), ToErrorCode(NotSetUp()));
+  std::vector<absl::Status> results;
+  {
+    py::gil_scoped_release release;
+    results = client->BatchPut(items, options);
+  }
+  std::vector<int> out;
+  out.reserve(results.size());
+  for (const absl::Status& r : results) out.push_back(ToErrorCode(r));
+  return out;
+}
+
+// C-contiguous views of Python buffer objects, released on destruction.
+class BufferViews {
+ public:
+  explicit BufferViews(const py::list& values) {
+    views_.reserve(values.size());
+    for (py::handle value : values) {
+      Py_buffer view;
+      if (PyObject_GetBuffer(value.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+      views_.push_back(view);
+    }
+  }
+  ~BufferViews() {
+    for (Py_buffer& view : views_) PyBuffer_Release(&view);
+  }
+  BufferViews(const BufferViews&) = delete;
+  BufferViews& operator=(const BufferViews&) = delete;
+  const Py_buffer& operator[](size_t i) const { return views_[i]; }
+
+ private:
+  std::vector<Py_buffer> views_;
+};
+
 // Runs `call` on the store without the GIL; the code of NotSetUp() if there is none.
 template <typename F>
 auto WithStore(PyStore& self, F call) -> decltype(call(std::declval<Store&>())) {
@@ -378,6 +428,141 @@ get returns the value or b"" on failure. Failures are logged with their reason.
              std::optional<std::string> name = self.store->local_segment_name();
              return name.value_or("");
            })
+      // --- primitives of kvpool.store.MooncakeDistributedStore (Mooncake's conventions are
+      // applied there): per-call replica count, pin and placement; raw codes per key ---
+      .def(
+          "_put_parts",
+          [](PyStore& self, const std::vector<std::string>& keys,
+             const std::vector<std::vector<uintptr_t>>& ptrs,
+             const std::vector<std::vector<size_t>>& sizes, uint32_t replicas, int pin,
+             bool prefer_local) {
+            std::optional<std::vector<PutItem>> items =
+                Items<PutItem, ConstBuffer>(keys, ptrs, sizes, "put");
+            if (!items.has_value()) return std::vector<int>(keys.size(), kInvalidParams);
+            return PutWithOptions(self, *items, MakePutOptions(replicas, pin, prefer_local));
+          },
+          py::arg("keys"), py::arg("ptrs"), py::arg("sizes"), py::arg("replicas") = 1,
+          py::arg("pin") = 0, py::arg("prefer_local") = false)
+      .def(
+          "_put_values",
+          [](PyStore& self, const std::vector<std::string>& keys, const py::list& values,
+             uint32_t replicas, int pin, bool prefer_local) {
+            if (keys.size() != values.size()) {
+              return std::vector<int>(keys.size(), kInvalidParams);
+            }
+            BufferViews views(values);
+            std::vector<PutItem> items(keys.size());
+            for (size_t i = 0; i < keys.size(); ++i) {
+              items[i].key = keys[i];
+              items[i].parts.push_back(
+                  ConstBuffer{views[i].buf, static_cast<size_t>(views[i].len)});
+            }
+            return PutWithOptions(self, items, MakePutOptions(replicas, pin, prefer_local));
+          },
+          py::arg("keys"), py::arg("values"), py::arg("replicas") = 1, py::arg("pin") = 0,
+          py::arg("prefer_local") = false,
+          "Each value (bytes-like, C-contiguous) is stored whole; per key 0 or a code.")
+      .def(
+          "_get_values",
+          [](PyStore& self, const std::vector<std::string>& keys) {
+            std::shared_ptr<Store> store = self.store;
+            py::list out;
+            if (store == nullptr) {
+              for (size_t i = 0; i < keys.size(); ++i) out.append(ToErrorCode(NotSetUp()));
+              return out;
+            }
+            std::vector<absl::StatusOr<std::string>> values;
+            values.reserve(keys.size());
+            {
+              py::gil_scoped_release release;
+              for (const std::string& key : keys) values.push_back(store->Get(key));
+            }
+            for (const absl::StatusOr<std::string>& v : values) {
+              if (v.ok()) {
+                out.append(py::bytes(*v));
+              } else {
+                out.append(ToErrorCode(v.status()));
+              }
+            }
+            return out;
+          },
+          py::arg("keys"), "Per key the value (bytes) or a negative code.")
+      .def(
+          "batch_remove",
+          [](PyStore& self, const std::vector<std::string>& keys, bool force) {
+            std::shared_ptr<Store> store = self.store;
+            std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+            if (client == nullptr) return std::vector<int>(keys.size(), ToErrorCode(NotSetUp()));
+            std::vector<absl::Status> results;
+            {
+              py::gil_scoped_release release;
+              results = client->BatchRemove(keys, force);
+            }
+            std::vector<int> out;
+            for (const absl::Status& r : results) out.push_back(ToErrorCode(r));
+            return out;
+          },
+          py::arg("keys"), py::arg("force") = false,
+          "Per key 0 or a negative code (-704 absent, -706 leased and not force).")
+      .def(
+          "_remove_by_regex",
+          [](PyStore& self, const std::string& pattern, bool force) -> int64_t {
+            std::shared_ptr<Store> store = self.store;
+            std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+            if (client == nullptr) return ToErrorCode(NotSetUp());
+            absl::StatusOr<uint64_t> removed;
+            {
+              py::gil_scoped_release release;
+              removed = client->RemoveByRegex(pattern, force);
+            }
+            if (!removed.ok()) {
+              KVPOOL_LOG(ERROR) << "remove_by_regex: " << removed.status();
+              return ToErrorCode(removed.status());
+            }
+            return static_cast<int64_t>(*removed);
+          },
+          py::arg("pattern"), py::arg("force") = false,
+          "How many objects were removed, or a negative code.")
+      .def(
+          "_replicas",
+          [](PyStore& self, const std::vector<std::string>& keys) {
+            std::shared_ptr<Store> store = self.store;
+            std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+            py::list out;
+            if (client == nullptr) {
+              for (size_t i = 0; i < keys.size(); ++i) out.append(ToErrorCode(NotSetUp()));
+              return out;
+            }
+            std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> located;
+            {
+              py::gil_scoped_release release;
+              located = client->BatchReplicaLocations(keys);
+            }
+            for (const auto& replicas : located) {
+              if (!replicas.ok()) {
+                out.append(ToErrorCode(replicas.status()));
+                continue;
+              }
+              py::list list;
+              for (const ReplicaLocation& r : *replicas) {
+                list.append(py::make_tuple(r.segment_name, r.endpoint, r.offset, r.length));
+              }
+              out.append(list);
+            }
+            return out;
+          },
+          py::arg("keys"),
+          "Per key a list of (segment_name, endpoint, offset, length), or a negative code.")
+      .def(
+          "_ping",
+          [](PyStore& self) -> int {
+            std::shared_ptr<Store> store = self.store;
+            std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+            if (client == nullptr) return ToErrorCode(NotSetUp());
+            py::gil_scoped_release release;
+            return ToErrorCode(client->GetClusterStatus().status());
+          },
+          "0 if the master answers, else its code.")
       // --- kvpool extras ---
       .def_property_readonly("is_setup", [](PyStore& self) { return self.store != nullptr; })
       .def(

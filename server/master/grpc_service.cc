@@ -1,5 +1,9 @@
 #include "server/master/grpc_service.h"
 
+#include <optional>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
 #include "proto/error_codes.h"
 
 namespace kvpool::master {
@@ -277,7 +281,17 @@ grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerConte
                                                        const v1::RemoveAllRequest* request,
                                                        v1::RemoveAllResponse* response) {
   Call call(metrics_, Rpc::kRemoveAll, context);
-  Durable<uint64_t> removed = master_.RemoveAll(request->force());
+  std::optional<std::regex> key_filter;
+  if (!request->key_regex().empty()) {
+    try {
+      key_filter.emplace(request->key_regex(), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return call.Finish(absl::InvalidArgumentError(
+          absl::StrCat("key_regex \"", request->key_regex(), "\" is malformed: ", e.what())));
+    }
+  }
+  Durable<uint64_t> removed =
+      master_.RemoveAll(request->force(), key_filter.has_value() ? &*key_filter : nullptr);
   response->set_removed(removed.results[0]);
   return FinishWhenDurable(call, std::move(removed.ticket));
 }

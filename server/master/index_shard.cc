@@ -153,11 +153,13 @@ absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time 
   return view;
 }
 
-std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force) {
+std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force,
+                                              const std::regex* key_filter) {
   absl::MutexLock lock(&mu_);
   std::vector<ObjectView> removed;
   for (auto it = objects_.begin(); it != objects_.end();) {
-    if (it->second.committed && (force || !Held(it->second, now))) {
+    if (it->second.committed && (force || !Held(it->second, now)) &&
+        (key_filter == nullptr || std::regex_search(it->first, *key_filter))) {
       removed.push_back(View(it->second));
       EraseLocked(it++, /*free_space=*/true);
     } else {

@@ -8,6 +8,7 @@
 // after its deadline) and then *committed* (visible, evictable unless leased or pinned).
 // Committed objects are kept in least-recently-used order for eviction.
 
+#include <regex>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -155,8 +156,11 @@ class IndexShard {
   absl::StatusOr<ObjectView> Remove(absl::string_view key, absl::Time now, bool force)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Removes every committed object (leased ones only if `force`) and returns them.
-  std::vector<ObjectView> RemoveAll(absl::Time now, bool force) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes every committed object (leased ones only if `force`) and returns them; with
+  // `key_filter`, only those whose key it matches somewhere in (std::regex_search).
+  std::vector<ObjectView> RemoveAll(absl::Time now, bool force,
+                                    const std::regex* key_filter = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Eviction, one object at a time, least recently used first. Never leased, hard-pinned or
   // pending objects; soft-pinned ones only if `soft_pinned_too`. Each looks at most

@@ -156,6 +156,15 @@ int main(int argc, char** argv) {
   http.Handle("/readyz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ready\n"};
   });
+  // Mooncake's master endpoint that engines poll (SGLang's HiCache backend waits for a
+  // non-empty answer): the names of the mounted segments, one per line.
+  http.Handle("/get_all_segments", [&master](const kvpool::HttpRequest&) {
+    std::string body;
+    for (const kvpool::master::SegmentSummary& segment : master.GetClusterSummary().segments) {
+      absl::StrAppend(&body, segment.name, "\n");
+    }
+    return kvpool::HttpResponse{200, "text/plain; version=0.0.4", std::move(body)};
+  });
   http.Handle("/metrics", [&metrics](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain; version=0.0.4",
                                 kvpool::SerializeMetrics(metrics.Collect())};

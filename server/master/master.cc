@@ -469,12 +469,12 @@ Durable<absl::Status> Master::BatchRemove(absl::Span<const std::string> keys, bo
   return durable;
 }
 
-Durable<uint64_t> Master::RemoveAll(bool force) {
+Durable<uint64_t> Master::RemoveAll(bool force, const std::regex* key_filter) {
   Durable<uint64_t> durable;
   absl::Time now = options_.clock();
   uint64_t removed = 0;
   for (IndexShard& shard : shards_) {
-    std::vector<ObjectView> objects = shard.RemoveAll(now, force);
+    std::vector<ObjectView> objects = shard.RemoveAll(now, force, key_filter);
     removed += objects.size();
     ForgetOnSegments(objects, &durable.ticket);
   }

@@ -184,6 +184,20 @@ TEST_F(MasterTest, RemoveFreesSpaceAndRemoveAllLeavesReservations) {
   EXPECT_EQ(summary.used_bytes, 1024u);
 }
 
+TEST_F(MasterTest, RemoveAllWithAKeyFilterRemovesOnlyMatchingKeys) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  for (const char* key : {"model@tp0@h1", "model@tp1@h2", "other@tp0@h3", "xmodel"}) {
+    ASSERT_TRUE(Put(key, 100).ok()) << key;
+  }
+  std::regex tp0("@tp0@");
+  EXPECT_EQ(master_.RemoveAll(false, &tp0).results[0], 2u);
+  std::regex anchored("^model");
+  EXPECT_EQ(master_.RemoveAll(false, &anchored).results[0], 1u);  // model@tp1@h2, not xmodel
+  EXPECT_EQ(Remove("model@tp1@h2").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Remove("xmodel").ok());
+  EXPECT_EQ(master_.GetClusterSummary().objects, 0u);
+}
+
 TEST_F(MasterTest, SilentSegmentIsDeclaredDeadAfterTheTtlWithItsObjects) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());

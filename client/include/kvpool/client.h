@@ -145,6 +145,15 @@ struct MappedPool {
   uint64_t size = 0;
 };
 
+// Where one replica of an object lives: its segment, the segment's data-plane endpoint, and
+// the replica's byte range in the segment's pool.
+struct ReplicaLocation {
+  std::string segment_name;
+  std::string endpoint;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 struct SegmentStatus {
   std::string name;
   std::string host;
@@ -230,6 +239,15 @@ class Client {
   std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force = false);
   // Removes every committed object (leased ones only if `force`); returns how many.
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
+  // Removes the committed objects whose key `pattern` (an ECMAScript regular expression)
+  // matches somewhere in, leased ones only if `force`; returns how many. InvalidArgument for
+  // a malformed pattern.
+  absl::StatusOr<uint64_t> RemoveByRegex(absl::string_view pattern, bool force = false);
+
+  // Where each key's committed replicas live; a key that exists is leased, as by a get.
+  // NotFound per absent key.
+  std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> BatchReplicaLocations(
+      absl::Span<const std::string> keys);
 
   absl::StatusOr<ClusterStatus> GetClusterStatus();
 

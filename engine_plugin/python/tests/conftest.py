@@ -72,11 +72,15 @@ class Pool:
         self.processes = []
 
     def master(self, embedded_segment_size="64MiB"):
+        return self.master_with_http(embedded_segment_size)["grpc"]
+
+    def master_with_http(self, embedded_segment_size="64MiB"):
+        """The master's readiness fields: grpc and http addresses, embedded_segment, ..."""
         proc = Process([_binary("KVPOOL_MASTER_BIN", "server/master/kvpool-master"),
                         "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
                         f"--embedded-segment-size={embedded_segment_size}", "--prefault=false"])
         self.processes.append(proc)
-        return _fields(proc.wait_for_line("kvpool-master listening"))["grpc"]
+        return _fields(proc.wait_for_line("kvpool-master listening"))
 
     def segment(self, master, size="64MiB"):
         proc = Process([_binary("KVPOOL_SEGMENT_BIN", "server/segment/kvpool-segment"),

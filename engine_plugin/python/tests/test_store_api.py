@@ -1,4 +1,6 @@
-"""kvpool.Store as code written for mooncake.store.MooncakeDistributedStore uses it."""
+"""kvpool.Store, the native store under kvpool.store.MooncakeDistributedStore: kvpool's own
+conventions (batch puts give the bytes stored per key, an existing key is -705). The Mooncake
+conventions are tested in test_mooncake_api.py."""
 
 import json
 
@@ -7,12 +9,13 @@ import pytest
 import torch
 
 import kvpool
-from kvpool.store import MooncakeDistributedStore
+
+MooncakeDistributedStore = kvpool.Store  # the native store, set up with the same calls
 
 
-def test_importable_under_mooncake_names():
-    assert kvpool.MooncakeDistributedStore is kvpool.Store
-    assert MooncakeDistributedStore is kvpool.Store
+def test_native_store_is_the_base_of_the_mooncake_one():
+    assert issubclass(kvpool.MooncakeDistributedStore, kvpool.Store)
+    assert kvpool.store.MooncakeDistributedStore is kvpool.MooncakeDistributedStore
     assert kvpool.NO_AVAILABLE_HANDLE == -200
 
 

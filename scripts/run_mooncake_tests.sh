@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Runs Mooncake's own Python store tests, unchanged, against kvpool: only `mooncake.store` is
+# redirected (the opt-in shim comes first on PYTHONPATH; Mooncake's other pure-Python modules,
+# e.g. mooncake.mooncake_config, still come from the checkout). Each file gets a fresh
+# kvpool-master (lease 5 s, Mooncake's default) on a free loopback port; the tests find it
+# through their usual environment variables. Prints one summary line per file.
+#
+#   scripts/run_mooncake_tests.sh MOONCAKE_CHECKOUT [TEST_FILE...]
+#
+# MOONCAKE_CHECKOUT is a checkout (or an extracted copy) of kvcache-ai/Mooncake, outside this
+# tree; TEST_FILE paths are relative to it (default: the store tests listed below).
+# KVPOOL_BUILD_DIR (default build/) holds kvpool-master and the Python package.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVPOOL_BUILD_DIR:-$root/build}
+mc=$(cd "${1:?usage: run_mooncake_tests.sh MOONCAKE_CHECKOUT [TEST_FILE...]}" && pwd)
+shift
+files=("$@")
+if [ ${#files[@]} -eq 0 ]; then
+  files=(mooncake-wheel/tests/test_distributed_object_store.py
+         mooncake-wheel/tests/test_replicated_distributed_object_store.py
+         mooncake-wheel/tests/test_put_get_tensor.py
+         mooncake-wheel/tests/test_safetensor_functions.py
+         mooncake-wheel/tests/test_batch_replica_clear.py
+         mooncake-wheel/tests/test_dummy_client.py
+         mooncake-wheel/tests/test_multi_dummy_clients.py
+         scripts/test_tensor_api.py
+         scripts/test_upsert_api.py
+         mooncake-store/benchmarks/test_store_kv_bench.py)
+fi
+python=${PYTHON:-/usr/bin/python3}
+site=$build/engine_plugin/python/site
+shim=$build/engine_plugin/python/site_mooncake
+logs=${KVPOOL_MOONCAKE_TEST_LOGS:-$(mktemp -d)}
+echo "logs in $logs"
+
+# start_master [LISTEN [EMBEDDED_SIZE]]
+start_master() {
+  exec {out}< <("$build/server/master/kvpool-master" --listen="${1:-127.0.0.1:0}" \
+    --http-listen=127.0.0.1:0 --embedded-segment-size="${2:-0}" --lease-ttl=5s \
+    --prefault=false 2>"$logs/master.err"
+    echo "exited")
+  master_pid=$!
+  local line
+  while read -r -t 30 line <&$out; do
+    case $line in
+      "kvpool-master listening"*)
+        grpc=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' <<<"$line")
+        http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' <<<"$line")
+        return 0 ;;
+      exited) break ;;
+    esac
+  done
+  echo "kvpool-master did not start: $(tail -3 "$logs/master.err")" >&2
+  exit 1
+}
+
+total_pass=0 total_run=0
+for file in "${files[@]}"; do
+  case $file in
+    # Mooncake's dummy clients attach to a local "real client" daemon at 127.0.0.1:50052;
+    # kvpool's thin clients attach to the master itself, which holds the memory there.
+    *dummy*) start_master 127.0.0.1:50052 4GiB ;;
+    *) start_master ;;
+  esac
+  name=$(basename "$file" .py)
+  (cd "$mc/$(dirname "$file")" &&
+   env PYTHONPATH="$shim:$site:$mc/mooncake-wheel" PYTHONDONTWRITEBYTECODE=1 \
+       MASTER_SERVER="$grpc" MOONCAKE_MASTER="$grpc" MC_METADATA_SERVER=P2PHANDSHAKE \
+       MOONCAKE_TE_META_DATA_SERVER=P2PHANDSHAKE LOCAL_HOSTNAME=localhost \
+       MOONCAKE_LOCAL_HOSTNAME=localhost PROTOCOL=tcp MOONCAKE_PROTOCOL=tcp DEVICE_NAME= \
+       MOONCAKE_DEVICE= MOONCAKE_MASTER_METRICS_PORT="${http##*:}" DEFAULT_KV_LEASE_TTL=5000 \
+       timeout 900 "$python" -m pytest -q -p no:cacheprovider -rfE "$(basename "$file")") \
+    >"$logs/$name.log" 2>&1
+  kill "$master_pid" 2>/dev/null; wait "$master_pid" 2>/dev/null
+  summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran|(passed|failed|error).* in [0-9.]+s" \
+            "$logs/$name.log" | tail -1)
+  passed=$(grep -oE "[0-9]+ passed" <<<"$summary" | grep -oE "[0-9]+" || echo 0)
+  others=$(grep -oE "[0-9]+ (failed|error|errors|skipped)" <<<"$summary" | grep -oE "[0-9]+" |
+           paste -sd+ | bc 2>/dev/null || echo 0)
+  run=$((passed + ${others:-0}))
+  total_pass=$((total_pass + passed)) total_run=$((total_run + run))
+  printf '%-48s %3d/%-3d  %s\n' "$file" "$passed" "$run" "${summary:-(no summary: see $logs/$name.log)}"
+done
+echo "total: $total_pass/$total_run passed"
