@@ -306,6 +306,17 @@ def _pin_of(config):
     return max(1, int(getattr(config, "replica_num", 1) or 1)), pin
 
 
+def _config_error(config):
+    """Why Mooncake refuses this config (INVALID_PARAMS), or None: a soft-pin TTL only goes
+    with soft_pin_action ENABLE."""
+    if config is None:
+        return None
+    if getattr(config, "soft_pin_ttl_ms", None) is not None and \
+            getattr(config, "soft_pin_action", SoftPinAction.PRESERVE) != SoftPinAction.ENABLE:
+        return "soft_pin_ttl_ms is set but soft_pin_action is not ENABLE"
+    return None
+
+
 def _parse_size(value):
     """Mooncake's size strings ("16MB", "16 MB", "4GiB", 1024); ValueError for others."""
     if isinstance(value, bool):
@@ -339,19 +350,21 @@ def _split_host(local_hostname):
     return text, None
 
 
+def _port_is_free(host_ip, port):
+    family = socket.AF_INET6 if ":" in host_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host_ip, port))
+            return True
+        except OSError:
+            return False
+
+
 def _free_port(host_ip):
     """A free TCP port in Mooncake's client range on host_ip, or 0 (any) if none is."""
     candidates = list(range(*_PORT_RANGE))
     random.shuffle(candidates)
-    family = socket.AF_INET6 if ":" in host_ip else socket.AF_INET
-    for port in candidates[:200]:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host_ip, port))
-                return port
-            except OSError:
-                continue
-    return 0
+    return next((p for p in candidates[:200] if _port_is_free(host_ip, p)), 0)
 
 
 def _addr(ptr):
@@ -461,6 +474,11 @@ class MooncakeDistributedStore(_kvpool.Store):
             except (ValueError, OSError) as e:
                 _log.error("setup: local_hostname %r: %s", hostname, e)
                 return INVALID_PARAMS
+            if segment > 0 and port and not _port_is_free(ip, port):
+                # As Mooncake's client does when its port is taken (two stores of one process
+                # given the same local_hostname): another port of its range.
+                _log.warning("setup: port %d of %s is in use; picking another", port, hostname)
+                port = None
             if port is None and segment > 0:
                 port = _free_port(ip)
             if port is not None:
@@ -549,8 +567,16 @@ class MooncakeDistributedStore(_kvpool.Store):
             wanted.append(config.preferred_segment)
         return bool(wanted) and self._hostname in wanted
 
+    def _check_config(self, method, config):
+        why = _config_error(config)
+        if why is not None:
+            _log.error("%s: %s", method, why)
+        return why is None
+
     def _put_values(self, method, keys, values, config):
         self._require(method)
+        if not self._check_config(method, config):
+            return [INVALID_PARAMS] * len(keys)
         if self._local_buffer_size == 0:
             _log.error("%s: local_buffer_size is 0, so this copying call has no buffer to copy "
                        "through (as in Mooncake); use the _from calls with registered memory",
@@ -563,6 +589,8 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def _put_ptrs(self, method, keys, ptrs, sizes, config):
         self._require(method)
+        if not self._check_config(method, config):
+            return [INVALID_PARAMS] * len(keys)
         replicas, pin = _pin_of(config)
         codes = _kvpool.Store._put_parts(self, list(keys), ptrs, sizes, replicas, pin,
                                          self._prefer_local(config))
@@ -610,6 +638,8 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def upsert(self, key, value, config=None):
         self._require("upsert")
+        if not self._check_config("upsert", config):
+            return INVALID_PARAMS
         rc = self._replace([key])[0]
         return rc if rc != OK else self.put(key, value, config)
 
@@ -619,6 +649,8 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def upsert_batch(self, keys, values, config=None):
         self._require("upsert_batch")
+        if not self._check_config("upsert_batch", config):
+            return INVALID_PARAMS
         if len(keys) != len(values):
             return INVALID_PARAMS
         bad = next((c for c in self._replace(keys) if c != OK), OK)
@@ -626,11 +658,15 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def upsert_from(self, key, buffer_ptr, size, config=None):
         self._require("upsert_from")
+        if not self._check_config("upsert_from", config):
+            return INVALID_PARAMS
         rc = self._replace([key])[0]
         return rc if rc != OK else self.put_from(key, buffer_ptr, size, config)
 
     def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
         self._require("batch_upsert_from")
+        if not self._check_config("batch_upsert_from", config):
+            return [INVALID_PARAMS] * len(keys)
         cleared = self._replace(keys)
         results = self.batch_put_from(keys, buffer_ptrs, sizes, config)
         return [c if c != OK else r for c, r in zip(cleared, results)]
@@ -751,19 +787,21 @@ class MooncakeDistributedStore(_kvpool.Store):
         return _kvpool.Store._remove_by_regex(self, regex_pattern, force)
 
     def batch_replica_clear(self, keys, segment_name=""):
-        """Drops the keys' replicas (on segment_name, or everywhere); returns the keys cleared.
-        Keys a reader holds a lease on are skipped. kvpool removes the whole object (its
-        replicas go together) and only for keys with a replica on segment_name, if given."""
+        """Drops the keys' replicas (everywhere, or only the keys with a replica on
+        segment_name); returns the keys cleared. kvpool removes an object's replicas together.
+        Without segment_name a key a reader holds a lease on is skipped; with one, finding the
+        key's replicas leases it, so readers' leases are not told apart and do not stop it."""
         self._require("batch_replica_clear")
         keys = list(keys)
         if not keys:
             return []
+        force = False
         if segment_name:
             descs = self.batch_get_replica_desc(keys)
-            keys = [k for k in keys if any(
-                d.get_memory_descriptor().buffer_descriptor.transport_endpoint == segment_name
-                or getattr(d, "segment_name", "") == segment_name for d in descs.get(k, []))]
-        codes = _kvpool.Store.batch_remove(self, keys, False)
+            keys = [k for k in keys if any(d.segment_name == segment_name
+                                           for d in descs.get(k, []))]
+            force = True
+        codes = _kvpool.Store.batch_remove(self, keys, force) if keys else []
         return [k for k, c in zip(keys, codes) if c == OK]
 
     def get_replica_desc(self, key):
@@ -788,6 +826,8 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def _put_tensors(self, method, keys, tensors, config, upsert=False, shard=None):
         self._require(method)
+        if not self._check_config(method, config):
+            return [INVALID_PARAMS] * len(keys)
         items = []
         try:
             for t in tensors:
@@ -1036,8 +1076,8 @@ class MooncakeDistributedStore(_kvpool.Store):
         return OK
 
     def load_tensor_from_safetensor(self, key=None, file_name=None):
-        """Stores a tensor of a safetensors file under key (default: the file name); the
-        tensor named key, else the file's first. 0 or a negative code."""
+        """Stores a tensor of a safetensors file under key (default: the file name): the
+        tensor named key, else the file's first. Returns the tensor, or None (logged)."""
         self._require("load_tensor_from_safetensor")
         if file_name is None:
             raise TypeError("load_tensor_from_safetensor() needs file_name")
@@ -1046,12 +1086,17 @@ class MooncakeDistributedStore(_kvpool.Store):
             tensors = _safetensors.load(file_name)
         except (OSError, ValueError) as e:
             _log.error("load_tensor_from_safetensor(%s): %s", file_name, e)
-            return INVALID_PARAMS
+            return None
         if not tensors:
-            return INVALID_PARAMS
+            _log.error("load_tensor_from_safetensor(%s): the file holds no tensor", file_name)
+            return None
         key = key if key is not None else file_name
         if key not in tensors:
             _log.warning("load_tensor_from_safetensor: %s has no tensor %r; storing its first",
                          file_name, key)
         tensor = tensors.get(key, next(iter(tensors.values())))
-        return self.put_tensor(key, tensor)
+        rc = self.put_tensor(key, tensor)
+        if rc != OK:
+            _log.error("load_tensor_from_safetensor: storing %r failed (%d)", key, rc)
+            return None
+        return tensor

@@ -126,9 +126,8 @@ def test_sglang_hicache_sequence(mooncake_store, pool):
     got = store.batch_get_into(keys, dst, sizes)
     assert [all(r > 0 for r in got[i:i + 2]) for i in range(0, len(got), 2)] == [True] * 4
     assert torch.equal(host_pool[4:], host_pool[:4])
-    # clear(): remove_all() without force. The reads above leased every key (5 s here, as in
-    # Mooncake: a lease runs 10 s with this master, 5 s with Mooncake's), so nothing goes; the
-    # warm-up key was read as well.
+    # clear(): remove_all() without force. The reads above leased every key (for 10 s with this
+    # master, 5 s with Mooncake's), so nothing goes, as in Mooncake; the warm-up key was read too.
     assert store.remove_all() == 0
     assert store.remove_all(force=True) == len(keys) + 1
     assert store.batch_is_exist(keys) == [0] * len(keys)

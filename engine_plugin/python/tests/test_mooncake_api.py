@@ -251,8 +251,9 @@ def test_tensor_calls(mc, tmp_path):
     # safetensors round trip.
     path = str(tmp_path / "t.safetensors")
     assert mc.save_tensor_to_safetensor("p", path) == 0
-    assert mc.load_tensor_from_safetensor("p_loaded", path) == 0  # not in the file: first one
-    assert torch.equal(mc.get_tensor("p_loaded"), t)
+    loaded = mc.load_tensor_from_safetensor("p_loaded", path)  # not in the file: its first
+    assert torch.equal(loaded, t) and torch.equal(mc.get_tensor("p_loaded"), t)
+    assert mc.load_tensor_from_safetensor("x", str(tmp_path / "absent.safetensors")) is None
     assert mc.save_tensor_to_safetensor("missing", path) == NOT_FOUND
 
 
