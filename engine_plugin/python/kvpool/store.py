@@ -18,8 +18,9 @@ Same class and method names, signatures, defaults and return conventions as Moon
 A store that was never set up (or was closed) raises StoreNotSetUpError from every call but
 close() (0), health_check() (1) and get_hostname() (""), instead of returning an unrelated code.
 Where kvpool has no such subsystem (SSD offload, CXL, NVMe-oF, the transfer engine) the
-argument is accepted and a warning says it has no effect. docs/engine_plugin.md lists the
-differences.
+argument is accepted and a warning says it has no effect. Mooncake's unified parallelism API
+(ParallelAxis, TensorParallelism, ReadTarget and the *_with_parallelism calls) is not provided:
+code that probes for those names sees them absent. docs/engine_plugin.md lists the differences.
 """
 
 import ctypes
@@ -38,8 +39,8 @@ from kvpool import _tensor
 __all__ = [
     "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
     "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "Descriptor", "BufferHandle",
-    "MooncakeHostMemAllocator", "ObjectDataType", "TaskType", "TaskStatus", "ParallelAxis",
-    "TensorParallelism", "ReadTarget", "StoreNotSetUpError", "Store",
+    "MooncakeHostMemAllocator", "ObjectDataType", "TaskType", "TaskStatus",
+    "StoreNotSetUpError", "Store",
 ]
 
 Store = _kvpool.Store
@@ -251,47 +252,6 @@ class MooncakeHostMemAllocator:
             return -1
         region.close()
         return 0
-
-
-class ParallelAxis:
-    """One axis of a tensor's parallel layout: kind ("tp", "dp", "ep", "pp"), rank, size,
-    split_dim (and expert_id / stage_id, kept)."""
-
-    def __init__(self, kind="tp", rank=0, size=1, split_dim=0, expert_id=-1, stage_id=-1):
-        self.kind = kind
-        self.rank = rank
-        self.size = size
-        self.split_dim = split_dim
-        self.expert_id = expert_id
-        self.stage_id = stage_id
-
-
-class TensorParallelism:
-    """A tensor's parallel layout: a list of ParallelAxis."""
-
-    def __init__(self, axes=None):
-        self.axes = list(axes or [])
-
-
-class ReadTarget:
-    """What a parallel read returns: mode "as_stored", "shard" (with parallelism) or "full"."""
-
-    _MODES = ("as_stored", "shard", "full")
-
-    def __init__(self, mode="as_stored", parallelism=None):
-        self._mode = "as_stored"
-        self.mode = mode
-        self.parallelism = parallelism
-
-    @property
-    def mode(self):
-        return self._mode
-
-    @mode.setter
-    def mode(self, value):
-        if value not in self._MODES:
-            raise RuntimeError("Unsupported ReadTarget mode")
-        self._mode = value
 
 
 def _pin_of(config):
@@ -944,7 +904,10 @@ class MooncakeDistributedStore(_kvpool.Store):
     def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
         self._require("batch_get_tensor_into")
         if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [None] * len(keys)
+            # Mooncake: lists that do not line up fail every key with INVALID_PARAMS.
+            _log.error("batch_get_tensor_into: %d keys, %d buffers, %d sizes", len(keys),
+                       len(buffer_ptrs), len(sizes))
+            return [INVALID_PARAMS] * len(keys)
         results = _kvpool.Store.batch_get_into(self, list(keys), list(buffer_ptrs), list(sizes))
         out = []
         for key, ptr, size, n in zip(keys, buffer_ptrs, sizes, results):
@@ -1049,9 +1012,17 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0,
                                 config=None):
-        """Stores the serialized tensor in the buffer as key's shard tp_rank (or key)."""
-        return self.put_tensor_from(key if tp_size <= 1 else self._tp_key(key, tp_rank),
-                                    buffer_ptr, size, config)
+        """Takes the whole serialized tensor in the buffer and stores all tp_size shards
+        (key_tp_<rank>), as put_tensor_with_tp does; tp_rank does not select one."""
+        self._require("put_tensor_with_tp_from")
+        if not self._check_tensor_buffer("put_tensor_with_tp_from", buffer_ptr, size):
+            return INVALID_PARAMS
+        if tp_size <= 1:
+            return self.put_from(key, buffer_ptr, size, config)
+        buf = (ctypes.c_char * size).from_address(buffer_ptr)
+        tensor = _tensor.tensor_from(buf, _tensor.parse(buf, size))
+        return self._put_with_tp("put_tensor_with_tp_from", [key], [tensor], config, tp_size,
+                                 split_dim)[0]
 
     def batch_put_tensor_with_tp_from(self, base_keys, buffer_ptrs, sizes, tp_rank=0,
                                       tp_size=1, split_dim=0, config=None):

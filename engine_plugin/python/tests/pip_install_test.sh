@@ -8,7 +8,7 @@ repo=$1
 python=${PYTHON:-/usr/bin/python3}
 target=$(mktemp -d)
 trap 'rm -rf "$target"' EXIT
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONDONTWRITEBYTECODE=1
 "$python" -m pip install -q --no-build-isolation --no-deps --target "$target" "$repo"
 "$python" -m pip install -q --no-build-isolation --no-deps --target "$target" \
   "$repo/engine_plugin/python/mooncake_shim"
