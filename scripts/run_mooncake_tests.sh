@@ -27,6 +27,8 @@ if [ ${#files[@]} -eq 0 ]; then
          mooncake-wheel/tests/test_multi_dummy_clients.py
          scripts/test_tensor_api.py
          scripts/test_upsert_api.py
+         scripts/test_async_store.py
+         scripts/test_copy_move_api.py
          mooncake-store/benchmarks/test_store_kv_bench.py)
 fi
 python=${PYTHON:-/usr/bin/python3}
@@ -34,6 +36,12 @@ site=$build/engine_plugin/python/site
 shim=$build/engine_plugin/python/site_mooncake
 logs=${KVPOOL_MOONCAKE_TEST_LOGS:-$(mktemp -d)}
 echo "logs in $logs"
+# Mooncake's wheel also packages mooncake-integration/store/async_store.py as
+# mooncake.async_store (a subclass of mooncake.store's class): serve it from the checkout too.
+overlay=$(mktemp -d)
+mkdir -p "$overlay/mooncake"
+[ -f "$mc/mooncake-integration/store/async_store.py" ] &&
+  ln -s "$mc/mooncake-integration/store/async_store.py" "$overlay/mooncake/async_store.py"
 
 # start_master [LISTEN [EMBEDDED_SIZE]]: sets master_pid, grpc, http.
 start_master() {
@@ -60,7 +68,7 @@ stop_master() {
   wait "$master_pid" 2>/dev/null
   exec {out}<&-
 }
-trap stop_master EXIT
+trap 'stop_master; rm -rf "$overlay"' EXIT
 
 total_pass=0 total_run=0
 for file in "${files[@]}"; do
@@ -71,7 +79,7 @@ for file in "${files[@]}"; do
     *) start_master ;;
   esac
   name=$(basename "$file" .py)
-  run_env=(env PYTHONPATH="$shim:$site:$mc/mooncake-wheel" PYTHONDONTWRITEBYTECODE=1
+  run_env=(env PYTHONPATH="$shim:$site:$mc/mooncake-wheel:$overlay" PYTHONDONTWRITEBYTECODE=1
        MASTER_SERVER="$grpc" MOONCAKE_MASTER="$grpc" MC_METADATA_SERVER=P2PHANDSHAKE
        MOONCAKE_TE_META_DATA_SERVER=P2PHANDSHAKE LOCAL_HOSTNAME=localhost
        MOONCAKE_LOCAL_HOSTNAME=localhost PROTOCOL=tcp MOONCAKE_PROTOCOL=tcp DEVICE_NAME=
