@@ -259,11 +259,11 @@ py::dict StatsDict(const segment::DataServer::Stats& s) {
 
 void BindStore(py::module_& m) {
   py::class_<PyStore> store(m, "Store", R"doc(
-A handle on a kvpool pool with the API of mooncake.store.MooncakeDistributedStore: swap
-`from mooncake.store import MooncakeDistributedStore` for
-`from kvpool import MooncakeDistributedStore` and the calls and return codes stay the same.
+The native handle on a kvpool pool: Mooncake's method names with kvpool's own conventions.
+kvpool.store.MooncakeDistributedStore (a subclass) is Mooncake's API with Mooncake's
+conventions; engines written for mooncake.store use that one.
 
-Return conventions: setup/put/put_from/remove/register_buffer/close return 0 or a negative
+Return conventions here: setup/put/put_from/remove/register_buffer/close return 0 or a negative
 Mooncake error code; is_exist/batch_is_exist give 1 (present), 0 (absent) or -1 (error);
 batch_put_from[_multi_buffers] and batch_get_into[_multi_buffers] give per key the bytes
 moved or a negative code (-200 NO_AVAILABLE_HANDLE when the pool is under pressure, -704
@@ -450,18 +450,33 @@ get returns the value or b"" on failure. Failures are logged with their reason.
             if (keys.size() != values.size()) {
               return std::vector<int>(keys.size(), kInvalidParams);
             }
-            BufferViews views(values);
+            // A value is one bytes-like object, or a tuple of them: its parts, gathered.
+            py::list flat;
+            std::vector<size_t> first(keys.size() + 1, 0);
+            for (size_t i = 0; i < keys.size(); ++i) {
+              py::handle value = values[i];
+              if (py::isinstance<py::tuple>(value)) {
+                for (py::handle part : py::reinterpret_borrow<py::tuple>(value)) flat.append(part);
+              } else {
+                flat.append(value);
+              }
+              first[i + 1] = flat.size();
+            }
+            BufferViews views(flat);
             std::vector<PutItem> items(keys.size());
             for (size_t i = 0; i < keys.size(); ++i) {
               items[i].key = keys[i];
-              items[i].parts.push_back(
-                  ConstBuffer{views[i].buf, static_cast<size_t>(views[i].len)});
+              for (size_t j = first[i]; j < first[i + 1]; ++j) {
+                items[i].parts.push_back(
+                    ConstBuffer{views[j].buf, static_cast<size_t>(views[j].len)});
+              }
             }
             return PutWithOptions(self, items, MakePutOptions(replicas, pin, prefer_local));
           },
           py::arg("keys"), py::arg("values"), py::arg("replicas") = 1, py::arg("pin") = 0,
           py::arg("prefer_local") = false,
-          "Each value (bytes-like, C-contiguous) is stored whole; per key 0 or a code.")
+          "Each value (bytes-like, C-contiguous, or a tuple of such parts, gathered without a "
+          "copy) is stored whole; per key 0 or a code.")
       .def(
           "_get_values",
           [](PyStore& self, const std::vector<std::string>& keys) {
@@ -598,7 +613,6 @@ get returns the value or b"" on failure. Failures are logged with their reason.
         return self.store == nullptr ? std::vector<std::pair<uint64_t, uint64_t>>{}
                                      : self.store->RegisteredBuffers();
       });
-  m.attr("MooncakeDistributedStore") = store;
 }
 
 }  // namespace kvpool::engine::python

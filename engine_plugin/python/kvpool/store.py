@@ -565,8 +565,7 @@ class MooncakeDistributedStore(_kvpool.Store):
         return self._put_values("put", [key], [value], config)[0]
 
     def put_parts(self, key, *parts, config=None):
-        self._require("put_parts")
-        return self.put(key, b"".join(bytes(memoryview(p).cast("B")) for p in parts), config)
+        return self._put_values("put_parts", [key], [tuple(parts)], config)[0]
 
     def put_batch(self, keys, values, config=None):
         if len(keys) != len(values):
@@ -605,7 +604,7 @@ class MooncakeDistributedStore(_kvpool.Store):
 
     def upsert_parts(self, key, *parts, config=None):
         self._require("upsert_parts")
-        return self.upsert(key, b"".join(bytes(memoryview(p).cast("B")) for p in parts), config)
+        return self.upsert(key, tuple(parts), config)
 
     def upsert_batch(self, keys, values, config=None):
         self._require("upsert_batch")
