@@ -9,7 +9,7 @@ set -euo pipefail
 build_packages=(
   ca-certificates g++ cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libboost-dev libssl-dev libibverbs-dev prometheus-cpp-dev libxxhash-dev
+  libabsl-dev libre2-dev libboost-dev libssl-dev libibverbs-dev prometheus-cpp-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   python3 python3-dev pybind11-dev
   # pip install --no-build-isolation . (setup.py drives the CMake build of the module)

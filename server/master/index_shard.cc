@@ -154,12 +154,12 @@ absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time 
 }
 
 std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force,
-                                              const std::regex* key_filter) {
+                                              const RE2* key_filter) {
   absl::MutexLock lock(&mu_);
   std::vector<ObjectView> removed;
   for (auto it = objects_.begin(); it != objects_.end();) {
     if (it->second.committed && (force || !Held(it->second, now)) &&
-        (key_filter == nullptr || std::regex_search(it->first, *key_filter))) {
+        (key_filter == nullptr || RE2::PartialMatch(it->first, *key_filter))) {
       removed.push_back(View(it->second));
       EraseLocked(it++, /*free_space=*/true);
     } else {

@@ -8,7 +8,6 @@
 // after its deadline) and then *committed* (visible, evictable unless leased or pinned).
 // Committed objects are kept in least-recently-used order for eviction.
 
-#include <regex>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -23,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "re2/re2.h"
 #include "server/master/object_list.h"
 #include "server/master/segment_registry.h"
 
@@ -157,9 +157,9 @@ class IndexShard {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes every committed object (leased ones only if `force`) and returns them; with
-  // `key_filter`, only those whose key it matches somewhere in (std::regex_search).
+  // `key_filter`, only those whose key it matches somewhere in (RE2::PartialMatch).
   std::vector<ObjectView> RemoveAll(absl::Time now, bool force,
-                                    const std::regex* key_filter = nullptr)
+                                    const RE2* key_filter = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Eviction, one object at a time, least recently used first. Never leased, hard-pinned or

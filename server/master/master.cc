@@ -469,7 +469,7 @@ Durable<absl::Status> Master::BatchRemove(absl::Span<const std::string> keys, bo
   return durable;
 }
 
-Durable<uint64_t> Master::RemoveAll(bool force, const std::regex* key_filter) {
+Durable<uint64_t> Master::RemoveAll(bool force, const RE2* key_filter) {
   Durable<uint64_t> durable;
   absl::Time now = options_.clock();
   uint64_t removed = 0;

@@ -9,7 +9,6 @@
 // answers placements with read tokens and grants a lease (G1), the client reads (G2).
 // docs/data_path.md follows the same steps; docs/semantics.md explains every answer.
 
-#include <regex>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -219,7 +218,7 @@ class Master {
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
   Durable<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force);
   // Every committed object, or with `key_filter` those whose key it matches somewhere in.
-  Durable<uint64_t> RemoveAll(bool force, const std::regex* key_filter = nullptr);
+  Durable<uint64_t> RemoveAll(bool force, const RE2* key_filter = nullptr);
 
   // --- Background work, one worker each ---
   // Evicts eviction_ratio of the capacity if usage is above the high-water mark.

@@ -189,9 +189,9 @@ TEST_F(MasterTest, RemoveAllWithAKeyFilterRemovesOnlyMatchingKeys) {
   for (const char* key : {"model@tp0@h1", "model@tp1@h2", "other@tp0@h3", "xmodel"}) {
     ASSERT_TRUE(Put(key, 100).ok()) << key;
   }
-  std::regex tp0("@tp0@");
+  RE2 tp0("@tp0@");
   EXPECT_EQ(master_.RemoveAll(false, &tp0).results[0], 2u);
-  std::regex anchored("^model");
+  RE2 anchored("^model");
   EXPECT_EQ(master_.RemoveAll(false, &anchored).results[0], 1u);  // model@tp1@h2, not xmodel
   EXPECT_EQ(Remove("model@tp1@h2").code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Remove("xmodel").ok());

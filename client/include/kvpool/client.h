@@ -239,9 +239,9 @@ class Client {
   std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force = false);
   // Removes every committed object (leased ones only if `force`); returns how many.
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
-  // Removes the committed objects whose key `pattern` (an ECMAScript regular expression)
-  // matches somewhere in, leased ones only if `force`; returns how many. InvalidArgument for
-  // a malformed pattern.
+  // Removes the committed objects whose key `pattern` (an RE2 regular expression: ECMAScript's
+  // syntax without backreferences or lookaround) matches somewhere in, leased ones only if
+  // `force`; returns how many. InvalidArgument for a malformed pattern.
   absl::StatusOr<uint64_t> RemoveByRegex(absl::string_view pattern, bool force = false);
 
   // Where each key's committed replicas live; a key that exists is leased, as by a get.

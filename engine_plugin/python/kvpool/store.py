@@ -26,7 +26,6 @@ code that probes for those names sees them absent. docs/engine_plugin.md lists t
 import ctypes
 import logging
 import mmap
-import os
 import random
 import re
 import socket
@@ -310,6 +309,17 @@ def _split_host(local_hostname):
     return text, None
 
 
+def _resolve(host):
+    """The address the native store binds for host: its first IPv4 address, else IPv6."""
+    for family in (socket.AF_INET, socket.AF_UNSPEC):
+        try:
+            return socket.getaddrinfo(host, None, family, proto=socket.IPPROTO_TCP)[0][4][0]
+        except OSError:
+            if family == socket.AF_UNSPEC:
+                raise
+    raise OSError(f"{host} does not resolve")
+
+
 def _port_is_free(host_ip, port):
     family = socket.AF_INET6 if ":" in host_ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -325,10 +335,6 @@ def _free_port(host_ip):
     candidates = list(range(*_PORT_RANGE))
     random.shuffle(candidates)
     return next((p for p in candidates[:200] if _port_is_free(host_ip, p)), 0)
-
-
-def _addr(ptr):
-    return ctypes.c_char.from_address(ptr) if ptr else None
 
 
 class MooncakeDistributedStore(_kvpool.Store):
@@ -430,7 +436,7 @@ class MooncakeDistributedStore(_kvpool.Store):
         if hostname:
             try:
                 host, port = _split_host(hostname)
-                ip = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+                ip = _resolve(host)
             except (ValueError, OSError) as e:
                 _log.error("setup: local_hostname %r: %s", hostname, e)
                 return INVALID_PARAMS
@@ -464,9 +470,9 @@ class MooncakeDistributedStore(_kvpool.Store):
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
         """Mooncake's dummy (standalone) client: a thin client that contributes no memory.
 
-        kvpool's clients need no local daemon: server_address is taken as the master's
-        address when it answers there, and the store sets up with no segment of its own (reads
-        and writes of same-host segments go through shared memory where they allow it).
+        kvpool's clients need no local daemon: server_address is taken as the address of the
+        kvpool-master, and the store sets up with no segment of its own (a same-host segment
+        that admits the process is reached through shared memory). mem_pool_size is ignored.
         """
         self._warn_once("setup_dummy: kvpool needs no client daemon; the store connects to the "
                         "master directly and contributes no memory")
@@ -735,14 +741,10 @@ class MooncakeDistributedStore(_kvpool.Store):
         return _kvpool.Store.remove_all(self, force)
 
     def remove_by_regex(self, regex_pattern, force=False):
-        """Removes the objects whose keys match (std::regex_search semantics, ECMAScript);
-        returns how many, or a negative code."""
+        """Removes the objects whose keys the pattern matches somewhere in; returns how many,
+        or a negative code (-600 for a malformed pattern). The master matches with RE2:
+        Mooncake's ECMAScript syntax without backreferences and lookaround, in linear time."""
         self._require("remove_by_regex")
-        try:
-            re.compile(regex_pattern)
-        except re.error as e:
-            _log.error("remove_by_regex: bad pattern %r: %s", regex_pattern, e)
-            return INVALID_PARAMS
         return _kvpool.Store._remove_by_regex(self, regex_pattern, force)
 
     def batch_replica_clear(self, keys, segment_name=""):

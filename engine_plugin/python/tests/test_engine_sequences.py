@@ -17,7 +17,6 @@ source and replayed with the engine's arguments and its own success checks:
   batch_get_into, batch_get_buffer read with memoryview/torch.frombuffer, unregister, close.
 """
 
-import ctypes
 import importlib
 import os
 import sys
