@@ -95,7 +95,7 @@ for file in "${files[@]}"; do
         >"$logs/$name.client2.log" 2>&1
       wait "$first"
       ok=$(grep -lx "OK" "$logs/$name.client1.log" "$logs/$name.client2.log" | wc -l)
-      printf '%s passed in both clients\n' "$([ "$ok" = 2 ] && echo "1 passed" || echo "1 failed")" \
+      printf '%s (run as client1 and client2)\n' "$([ "$ok" = 2 ] && echo "1 passed" || echo "1 failed")" \
         >"$logs/$name.log" ;;
     *)
       "${run_env[@]}" timeout 900 "$python" -m pytest -q -p no:cacheprovider -rfEs \
