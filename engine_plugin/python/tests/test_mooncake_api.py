@@ -281,3 +281,23 @@ def test_master_serves_get_all_segments(pool):
     body = urllib.request.urlopen(f"http://{http}/get_all_segments", timeout=5).read().decode()
     names = body.splitlines()
     assert len(names) == 2 and all(":" in n for n in names)  # the embedded segment and ours
+
+
+def test_tensor_calls_refuse_what_is_not_a_tensor_object(mc):
+    from kvpool import _tensor
+    assert mc.put("raw", b"x" * 400) == 0
+    assert mc.get_tensor("raw") is None  # bad magic: None and a log line, never garbage
+    t = torch.arange(6, dtype=torch.int32)
+    head, data = _tensor.serialize(t)
+    assert len(head) == _tensor.HEADER_SIZE == 304
+    assert mc.put("short", head + bytes(data)[:-4]) == 0  # 4 data bytes missing
+    assert mc.get_tensor("short") is None
+    assert mc.put("whole", head + bytes(data)) == 0
+    assert torch.equal(mc.get_tensor("whole"), t)
+    buf, ptr = buffer(304 + 24)
+    ctypes.memmove(ptr, head + bytes(data), 304 + 24)
+    assert mc.register_buffer(ptr, 304 + 24) == 0
+    assert mc.put_tensor_from("trunc", ptr, 304 + 20) == kvpool.INVALID_PARAMS
+    assert mc.put_tensor_from("ok", ptr, 304 + 24) == 0
+    assert mc.is_exist("trunc") == 0 and torch.equal(mc.get_tensor("ok"), t)
+    assert mc.unregister_buffer(ptr) == 0
