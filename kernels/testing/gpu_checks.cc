@@ -507,7 +507,7 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
   DeviceBuffer d_cache, d_q, d_o, d_lse, d_table, d_lens, d_ws;
-  const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len);
+  const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len, c.options);
   if (ws_bytes == 0) {
     res.detail = "GqaDecodeWorkspaceBytes refused the configuration";
     return res;
@@ -718,7 +718,7 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
                scales, o_ref.data(), lse_ref.data());
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
-  const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len);
+  const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len, c.options);
   if (ws_bytes == 0) {
     res.detail = "MlaDecodeWorkspaceBytes refused the configuration";
     return res;
