@@ -35,11 +35,14 @@ inline PlanWorkspace CarvePlanWorkspace(void* base, const DecodeWorkspaceLayout&
 }
 
 // Merges the partial results of every split (sequence, head): block (m * heads + h, y) merges
-// value dims 64y .. 64y + 63 of head h of merge item m; its 8 warps take the splits in turn
-// (lane: two dims) and add up through shared memory, so one long sequence with many splits is
-// merged by many warps at once. o: [batch, heads, dim] of bf16 or fp16, lse: [batch, heads] or
-// null. A (sequence, head) whose splits saw no token gets zeros and lse = -inf.
-constexpr int kMergeWarps = 8;
+// value dims 64y .. 64y + 63 of head h of merge item m. Its threads first turn the splits' lse
+// into weights in shared memory (in rounds of kMergeChunk splits), then its 16 warps take the
+// splits in turn (lane: two dims) with independent loads in flight, and add up through shared
+// memory, so one long sequence cut into hundreds of splits is merged by many warps at once.
+// o: [batch, heads, dim] of bf16 or fp16, lse: [batch, heads] or null. A (sequence, head) whose
+// splits saw no token gets zeros and lse = -inf.
+constexpr int kMergeWarps = 16;
+constexpr int kMergeChunk = 1024;
 
 template <bool kOutBf16, int kDim>
 __global__ void __launch_bounds__(kMergeWarps * 32)
@@ -47,40 +50,49 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
                         const DecodeMergeItem* __restrict__ merges, int heads, void* __restrict__ o,
                         float* __restrict__ lse) {
   static_assert(kDim % 64 == 0, "dims in slices of 64");
+  __shared__ float s_w[kMergeChunk];
   __shared__ float s_acc[kMergeWarps][64];
-  __shared__ float s_sum[kMergeWarps];
+  __shared__ float s_red[kMergeWarps];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const DecodeMergeItem mi = merges[blockIdx.x / heads];
   const int h = blockIdx.x % heads;
   const int d0 = blockIdx.y * 64 + 2 * lane;
   const float* pl = part_lse + size_t{1} * mi.slot0 * heads + h;
+  const float* po = part_o + (size_t{1} * mi.slot0 * heads + h) * kDim + d0;
+  const size_t split_stride = size_t{1} * heads * kDim;
   float m = -INFINITY;
   for (int s = threadIdx.x; s < mi.splits; s += blockDim.x) m = fmaxf(m, pl[size_t{1} * s * heads]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  if (lane == 0) s_sum[warp] = m;
+  if (lane == 0) s_red[warp] = m;
   __syncthreads();
-  m = s_sum[0];
+  m = s_red[0];
 #pragma unroll
-  for (int w = 1; w < kMergeWarps; ++w) m = fmaxf(m, s_sum[w]);
-  __syncthreads();
+  for (int w = 1; w < kMergeWarps; ++w) m = fmaxf(m, s_red[w]);
   float a0 = 0.0f, a1 = 0.0f, sum = 0.0f;
-  if (m != -INFINITY) {
-    for (int s = warp; s < mi.splits; s += kMergeWarps) {
-      const float l = pl[size_t{1} * s * heads];
-      if (l == -INFINITY) continue;
-      const float w = __expf(l - m);
-      sum += w;
-      const float2 v = *reinterpret_cast<const float2*>(
-          part_o + (size_t{1} * (mi.slot0 + s) * heads + h) * kDim + d0);
-      a0 += w * v.x;
-      a1 += w * v.y;
+  if (m != -INFINITY) {  // (uniform across the block)
+    for (int c0 = 0; c0 < mi.splits; c0 += kMergeChunk) {
+      const int n = min(kMergeChunk, mi.splits - c0);
+      __syncthreads();  // the previous round's weights are read
+      for (int s = threadIdx.x; s < n; s += blockDim.x) {
+        s_w[s] = __expf(pl[size_t{1} * (c0 + s) * heads] - m);  // exp(-inf) = 0
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int s = warp; s < n; s += kMergeWarps) {
+        const float w = s_w[s];
+        const float2 v = *reinterpret_cast<const float2*>(po + (c0 + s) * split_stride);
+        sum += w;
+        a0 += w * v.x;
+        a1 += w * v.y;
+      }
     }
   }
   s_acc[warp][2 * lane] = a0;
   s_acc[warp][2 * lane + 1] = a1;
-  if (lane == 0) s_sum[warp] = sum;
+  __syncthreads();
+  if (lane == 0) s_red[warp] = sum;  // (m was read from s_red before the barrier above)
   __syncthreads();
   if (warp != 0) return;
   float t0 = 0.0f, t1 = 0.0f, total = 0.0f;
@@ -88,7 +100,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   for (int w = 0; w < kMergeWarps; ++w) {
     t0 += s_acc[w][2 * lane];
     t1 += s_acc[w][2 * lane + 1];
-    total += s_sum[w];
+    total += s_red[w];
   }
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   const size_t row = size_t{1} * mi.seq * heads + h;

@@ -94,11 +94,13 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
   auto evaluate = [&](int64_t cg, Candidate* c) {
     c->chunk_granules = cg;
     c->slots = 0;
+    int64_t max_splits = 1;
     costs.clear();
     for (int b = 0; b < in.batch; ++b) {
       const int64_t n = std::max<int64_t>(1, CeilDiv(granules[b], cg));
       const int64_t per = n > 1 ? CeilDiv(granules[b], n) : granules[b];
       if (n > 1) c->slots += n;
+      max_splits = std::max(max_splits, n);
       for (int64_t s = 0; s < n; ++s) {
         const int64_t len = s + 1 < n ? per : granules[b] - (n - 1) * per;
         const double cost = std::max<int64_t>(len, 0) * in.granule_us + in.item_us;
@@ -108,7 +110,7 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
     c->items = static_cast<int64_t>(costs.size());
     std::sort(costs.begin(), costs.end(), std::greater<double>());
     c->cost = ListScheduleMakespan(costs, in.ctas);
-    if (c->slots > 0) c->cost += in.merge_us;
+    if (c->slots > 0) c->cost += in.merge_us + in.merge_split_us * max_splits;
     if (c->items > in.ctas) c->cost += in.counter_us;
   };
 
@@ -117,18 +119,24 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
     evaluate(in.forced_chunk / g, &best);
   } else {
     evaluate(gmax, &best);  // no splits: always allowed
-    const int64_t max_slots = in.max_slots;
+    // Cuts of the longest sequence into n parts: every n up to 64, then steps of n / 8, and the
+    // n that make whole waves of items if every sequence were as long as the longest.
+    std::vector<int64_t> cuts;
+    for (int64_t n = 2; n <= gmax && n <= 64; ++n) cuts.push_back(n);
+    for (int64_t n = 72; n <= gmax; n += n / 8) cuts.push_back(n);
+    for (int64_t w = 1; w <= 8; ++w) {
+      const int64_t n = w * in.ctas / (int64_t{std::max(in.batch, 1)} * units);
+      if (n >= 2 && n <= gmax) cuts.push_back(n);
+    }
+    std::sort(cuts.begin(), cuts.end());
     int64_t last = gmax;
-    for (int64_t n = 2; n <= gmax; n = n < 16 ? n + 1 : n + n / 4) {
+    for (int64_t n : cuts) {
       const int64_t cg = std::max(min_cg, CeilDiv(gmax, n));
-      if (cg == last) {
-        if (cg == min_cg) break;
-        continue;
-      }
+      if (cg == last) continue;
       last = cg;
       Candidate c;
       evaluate(cg, &c);
-      if (c.slots > max_slots) break;  // smaller chunks only need more
+      if (c.slots > in.max_slots) break;  // smaller chunks only need more
       if (c.items > int64_t{64} * in.ctas) break;
       if (c.cost < 0.98 * best.cost) best = c;
       if (cg == min_cg) break;

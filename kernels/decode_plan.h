@@ -55,10 +55,12 @@ struct SplitPlanInput {
   int min_chunk = 16;  // tokens: no item is cut shorter (a multiple of granule)
   // Cost model, in microseconds: one block streaming one granule of one unit while all blocks
   // stream; the fixed cost of an item (taking it, loading query and block table, first tile);
-  // the merge kernel's launch and tail; the work counter's reset.
+  // the merge kernel's launch and tail, and its time per split of the most split sequence (its
+  // warps walk the splits); the work counter's reset.
   double granule_us = 0.1;
   double item_us = 5.0;
   double merge_us = 4.0;
+  double merge_split_us = 0.02;
   double counter_us = 2.0;
   int max_slots = 0;     // at most this many partial results (0: no splits at all)
   int forced_chunk = 0;  // > 0: cut at exactly this many tokens (a multiple of granule)
@@ -78,7 +80,8 @@ struct SplitPlan {
 };
 
 // Cuts the batch into items: of the chunk sizes that divide the longest sequence into 1, 2, 3,
-// ... equal parts (each sequence cut into equal parts of at most that size), the one whose
+// ... equal parts (each sequence cut into equal parts of at most that size; every n to 64,
+// then coarser, plus the n that make whole waves), the one whose
 // modelled finish time is least (longest-first list scheduling onto `ctas` blocks, plus the
 // merge and the counter reset), preferring fewer items within 2%. A refusal names its reason.
 KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan);
