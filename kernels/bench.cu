@@ -465,10 +465,10 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
   };
   GqaDecodeOptions eight;
   eight.warps = 8;
-  rows.push_back({"variant", 64, 8, 128, 16, 128, 4096, 4096, DType::kBF16, Layout::kKvFirst,
-                  eight, "8 kv heads per block"});
-  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst,
-                  eight, "8 kv heads per block"});
+  rows.push_back({"variant", 64, 8, 128, 16, 128, 4096, 4096, DType::kBF16, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
+  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
   if (opt.quick) rows.resize(6);
   return rows;
 }
@@ -483,8 +483,9 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   int filled = -1;  // FillKernel kind the pool holds
   std::mt19937_64 rng(8);
 
-  std::printf("\n### GQA decode: serving-shape matrix (paged; lengths: batch x hi, or ragged "
-              "lo-hi from SeededLengths(seed 1))\n\n");
+  std::printf(
+      "\n### GQA decode: serving-shape matrix (paged; lengths: batch x hi, or ragged "
+      "lo-hi from SeededLengths(seed 1))\n\n");
   std::printf(
       "| rows | heads q/kv | d | kv | layout | block | lengths | median us | TB/s | vs read "
       "ceiling | blind plan us | plan |\n| --- | ---: | ---: | --- | --- | ---: | --- | ---: | "
@@ -545,16 +546,15 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     GqaDecodeOptions blind_options = r.options;
     blind_options.uniform = true;
     if (st.ok()) {
-      st = PlanGqaDecode(shape, q_type, r.kv_type, lens.data(), r.hi, ws_blind, ws_bytes, s,
-                         &blind, blind_options);
+      st = PlanGqaDecode(shape, q_type, r.kv_type, lens.data(), r.hi, ws_blind, ws_bytes, s, &blind,
+                         blind_options);
     }
     if (!st.ok()) {
       std::printf("| %s | %d/%d | plan refused: %s |\n", r.group, r.qo, r.kv, st.reason.c_str());
       continue;
     }
     auto run = [&](const GqaDecodePlan& pl) {
-      const KernelStatus rs =
-          RunGqaDecode(pl, q, pool, layout, d_table, d_lens, scales, o, lse, s);
+      const KernelStatus rs = RunGqaDecode(pl, q, pool, layout, d_table, d_lens, scales, o, lse, s);
       if (!rs.ok()) {
         std::fprintf(stderr, "RunGqaDecode: %s\n", rs.reason.c_str());
         std::exit(1);
@@ -564,7 +564,7 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     const double blind_ms = MedianMs([&] { run(blind); }, s, 3, Reps(opt, 20, 5));
     double tokens = 0;
     for (int32_t l : lens) tokens += l;
-    const double bytes = tokens * r.kv * r.d * 2 * eb +                         // K and V
+    const double bytes = tokens * r.kv * r.d * 2 * eb +                          // K and V
                          2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
     const double tbs = bytes / (ms * 1e-3) / 1e12;
     const std::string lens_note = LensNote(r.batch, r.lo, r.hi);
@@ -632,8 +632,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   CUDA_OK(cudaMalloc(&pool, pool_bytes));
   int filled = -1;
   std::mt19937_64 rng(9);
-  std::printf("\n### MLA decode: serving-shape matrix (block %d, latent 512 + rope 64; ragged "
-              "lengths from SeededLengths(seed 1))\n\n", bs);
+  std::printf(
+      "\n### MLA decode: serving-shape matrix (block %d, latent 512 + rope 64; ragged "
+      "lengths from SeededLengths(seed 1))\n\n",
+      bs);
   std::printf(
       "| rows | heads | kv | lengths | median us | TB/s | vs read ceiling | blind plan us | plan "
       "|\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
@@ -684,8 +686,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
     MlaDecodeOptions blind_options = row.options;
     blind_options.uniform = true;
     if (st.ok()) {
-      st = PlanMlaDecode(shape, DType::kBF16, row.kv_type, lens.data(), row.hi, ws_blind,
-                         ws_bytes, s, &blind, blind_options);
+      st = PlanMlaDecode(shape, DType::kBF16, row.kv_type, lens.data(), row.hi, ws_blind, ws_bytes,
+                         s, &blind, blind_options);
     }
     if (!st.ok()) {
       std::printf("| %s | %d | plan refused: %s |\n", row.group, row.heads, st.reason.c_str());
@@ -708,8 +710,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
     const double tbs = bytes / (ms * 1e-3) / 1e12;
     const std::string lens_note = LensNote(row.batch, row.lo, row.hi);
     std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.1f | %s |\n", row.group,
-                *row.note ? ", " : "", row.note, row.heads, KvName(row.kv_type),
-                lens_note.c_str(), ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
+                *row.note ? ", " : "", row.note, row.heads, KvName(row.kv_type), lens_note.c_str(),
+                ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
                 DescribePlan(plan.split).c_str());
     std::fflush(stdout);
     if (csv != nullptr && row.kv_type == DType::kBF16 && *row.note == 0) {
@@ -748,11 +750,10 @@ int main(int argc, char** argv) {
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] "
-          "[--reps N]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] "
+                   "[--reps N]\n",
+                   argv[0]);
       return 2;
     }
   }

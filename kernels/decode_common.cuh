@@ -16,11 +16,11 @@ namespace kvpool::kernels::detail {
 
 // Device view of the workspace a plan was written into (decode_plan.h's DecodeWorkspaceLayout).
 struct PlanWorkspace {
-  int* counter = nullptr;                  // the work counter (reset before a counter launch)
-  const DecodeWorkItem* items = nullptr;   // the plan's items, in the order blocks take them
-  const DecodeMergeItem* merges = nullptr; // split sequences
-  float* part_lse = nullptr;               // [slots, heads], natural log
-  float* part_o = nullptr;                 // [slots, heads, dim], already divided by its sum
+  int* counter = nullptr;                   // the work counter (reset before a counter launch)
+  const DecodeWorkItem* items = nullptr;    // the plan's items, in the order blocks take them
+  const DecodeMergeItem* merges = nullptr;  // split sequences
+  float* part_lse = nullptr;                // [slots, heads], natural log
+  float* part_o = nullptr;                  // [slots, heads, dim], already divided by its sum
 };
 
 inline PlanWorkspace CarvePlanWorkspace(void* base, const DecodeWorkspaceLayout& l) {
@@ -110,13 +110,69 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   }
 }
 
+// The same for plans whose sequences have few splits (at most kFewSplits): one warp per
+// (merge item, head) over all dims (lane: kDim / 32 values, consecutive pairs), four per block.
+// Cheaper there than the kernel above, whose blocks would be mostly idle.
+constexpr int kFewSplits = 32;
+
 template <bool kOutBf16, int kDim>
-cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int heads, void* o,
-                                float* lse, cudaStream_t stream) {
+__global__ void __launch_bounds__(128)
+    MergeFewSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                         const DecodeMergeItem* __restrict__ merges, int num_merges, int heads,
+                         void* __restrict__ o, float* __restrict__ lse) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= num_merges * heads) return;
+  const DecodeMergeItem mi = merges[warp / heads];
+  const int h = warp % heads;
+  const float* pl = part_lse + size_t{1} * mi.slot0 * heads + h;
+  float m = -INFINITY;
+  for (int s = lane; s < mi.splits; s += 32) m = fmaxf(m, pl[size_t{1} * s * heads]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  constexpr int kPer = kDim / 32;
+  float acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
+  float sum = 0.0f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < mi.splits; ++s) {
+      const float w = __expf(pl[size_t{1} * s * heads] - m);  // exp(-inf) = 0
+      sum += w;
+      const float* po = part_o + (size_t{1} * (mi.slot0 + s) * heads + h) * kDim;
+#pragma unroll
+      for (int i = 0; i < kPer; i += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(po + i * 32 + lane * 2);
+        acc[i] += w * v.x;
+        acc[i + 1] += w * v.y;
+      }
+    }
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint32_t* out = static_cast<uint32_t*>(o) + (size_t{1} * mi.seq * heads + h) * (kDim / 2);
+#pragma unroll
+  for (int i = 0; i < kPer; i += 2) {
+    out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
+  }
+  if (lse != nullptr && lane == 0) {
+    lse[size_t{1} * mi.seq * heads + h] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
+  }
+}
+
+// Merges a plan's split sequences (max_splits: the most splits of any of them).
+template <bool kOutBf16, int kDim>
+cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max_splits, int heads,
+                                void* o, float* lse, cudaStream_t stream) {
   if (num_merges == 0) return cudaSuccess;
+  if (max_splits <= kFewSplits) {
+    const int warps = num_merges * heads;
+    MergeFewSplitsKernel<kOutBf16, kDim><<<(warps + 3) / 4, 128, 0, stream>>>(
+        ws.part_o, ws.part_lse, ws.merges, num_merges, heads, o, lse);
+    return cudaGetLastError();
+  }
   const dim3 grid(num_merges * heads, kDim / 64);
-  MergePartialsKernel<kOutBf16, kDim><<<grid, kMergeWarps * 32, 0, stream>>>(
-      ws.part_o, ws.part_lse, ws.merges, heads, o, lse);
+  MergePartialsKernel<kOutBf16, kDim>
+      <<<grid, kMergeWarps * 32, 0, stream>>>(ws.part_o, ws.part_lse, ws.merges, heads, o, lse);
   return cudaGetLastError();
 }
 

@@ -78,9 +78,9 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
     if (in.seq_lens != nullptr && !in.uniform) {
       len = in.seq_lens[b];
       if (len < 0 || len > in.max_seq_len) {
-        return KernelStatus::Refused("seq_lens[" + std::to_string(b) + "] = " +
-                                     std::to_string(len) + " is outside [0, max_seq_len = " +
-                                     std::to_string(in.max_seq_len) + "]");
+        return KernelStatus::Refused(
+            "seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
+            " is outside [0, max_seq_len = " + std::to_string(in.max_seq_len) + "]");
       }
     }
     granules[b] = CeilDiv(len, g);
@@ -191,8 +191,8 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
   return KernelStatus::Ok();
 }
 
-DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots,
-                                            int heads, int dim) {
+DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots, int heads,
+                                            int dim) {
   DecodeWorkspaceLayout l;
   l.items = 256;
   l.merges = Align256(l.items + sizeof(DecodeWorkItem) * std::max<int64_t>(items, 0));

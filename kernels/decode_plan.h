@@ -96,8 +96,8 @@ int64_t MaxPlanSlots(const SplitPlanInput& in);
 struct DecodeWorkspaceLayout {
   size_t items = 0, merges = 0, part_lse = 0, part_o = 0, total = 0;
 };
-DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots,
-                                            int heads, int dim);
+DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots, int heads,
+                                            int dim);
 
 // "2 x 8k, 128 items, one per block, merge" style note for the benchmark.
 std::string DescribePlan(const SplitPlan& plan);

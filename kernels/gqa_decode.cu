@@ -1,8 +1,8 @@
 #include "kernels/gqa_decode.cuh"
 
 #include <algorithm>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -63,7 +63,7 @@ struct GqaParams {
   int block_size;
   int max_blocks_per_seq;
   int total_items;
-  int one_item;  // 1: one item per block, block i takes item i (no work counter)
+  int one_item;      // 1: one item per block, block i takes item i (no work counter)
   float scale_log2;  // sm_scale * k_scale * log2(e)
   float v_scale;
 };
@@ -389,9 +389,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int g = 2 * qd + col;
       if (g >= grows) continue;
       const float inv = col ? inv1 : inv0;
-      const size_t out_row =
-          direct ? size_t{1} * b * p.num_qo_heads + head0 + g
-                 : size_t{1} * slot * p.num_qo_heads + head0 + g;
+      const size_t out_row = direct ? size_t{1} * b * p.num_qo_heads + head0 + g
+                                    : size_t{1} * slot * p.num_qo_heads + head0 + g;
 #pragma unroll
       for (int mu = 0; mu < C::kMTiles; ++mu) {
         // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
@@ -463,7 +462,8 @@ struct GqaLauncher {
         <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kDim>(
-        p.ws, static_cast<int>(plan.split.merges.size()), p.num_qo_heads, p.o, p.lse, stream);
+        p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
+        p.o, p.lse, stream);
   }
 };
 
@@ -665,10 +665,10 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
     }
     in.max_slots = lo;
     if (BytesFor(in, shape) > workspace_bytes && in.forced_chunk == 0) {
-      return KernelStatus::Refused(
-          "PlanGqaDecode: a workspace of " + std::to_string(workspace_bytes) +
-          " bytes cannot hold even the unsplit plan (" + std::to_string(BytesFor(in, shape)) +
-          " bytes)");
+      return KernelStatus::Refused("PlanGqaDecode: a workspace of " +
+                                   std::to_string(workspace_bytes) +
+                                   " bytes cannot hold even the unsplit plan (" +
+                                   std::to_string(BytesFor(in, shape)) + " bytes)");
     }
   }
   if (KernelStatus st = PlanSplits(in, &plan->split); !st.ok()) return st;

@@ -33,8 +33,8 @@ struct GqaDecodePlan {
   DType q_type = DType::kBF16;
   DType kv_type = DType::kBF16;
   int max_seq_len = 0;
-  int warps = 0;               // pairs per block
-  SplitPlan split;             // items, merges, grid
+  int warps = 0;    // pairs per block
+  SplitPlan split;  // items, merges, grid
   DecodeWorkspaceLayout layout;
   const void* workspace = nullptr;  // where the items were written
 };

@@ -11,7 +11,8 @@
 #include "kernels/decode_common.cuh"
 
 // Design (docs/kernels.md has the long form):
-//  - A work item is (sequence, group of kN = 16 or 32 heads, tokens [start, end)). One block per SM:
+//  - A work item is (sequence, group of kN = 16 or 32 heads, tokens [start, end)). One block per
+//  SM:
 //    a producer warp takes items from an atomic counter and streams each item's rows into a
 //    shared-memory ring of 32-token stages; four consumer warps compute. Stages carry the item
 //    they belong to; "full" mbarriers (the producer's arrival plus the copied bytes) and
@@ -668,7 +669,8 @@ struct MlaLauncher {
     MlaDecodeKernel<KV, kQBf16, kN, kTma><<<plan.split.grid, kThreads, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kMlaVDim>(
-        p.ws, static_cast<int>(plan.split.merges.size()), p.num_heads, p.o, p.lse, stream);
+        p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_heads, p.o,
+        p.lse, stream);
   }
 };
 
@@ -901,8 +903,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
 
 KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* kv_cache,
                           const int32_t* block_tables, const int32_t* seq_lens,
-                          const AttentionScales& scales, void* o, float* lse,
-                          cudaStream_t stream) {
+                          const AttentionScales& scales, void* o, float* lse, cudaStream_t stream) {
   const MlaDecodeShape& shape = plan.shape;
   if (shape.batch == 0) return KernelStatus::Ok();
   if (plan.workspace == nullptr) return KernelStatus::Refused("RunMlaDecode: the plan is empty");
@@ -934,12 +935,12 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
     }
   }
   cudaError_t e = cudaSuccess;
-  const bool found = WithMlaKernel(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
-                                   [&](auto kv, auto qbf16, auto n, auto t) {
-                                     e = MlaLauncher<decltype(kv), decltype(qbf16)::value,
-                                                     decltype(n)::value,
-                                                     decltype(t)::value>::Run(plan, p, stream);
-                                   });
+  const bool found =
+      WithMlaKernel(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
+                    [&](auto kv, auto qbf16, auto n, auto t) {
+                      e = MlaLauncher<decltype(kv), decltype(qbf16)::value, decltype(n)::value,
+                                      decltype(t)::value>::Run(plan, p, stream);
+                    });
   if (!found) return KernelStatus::Refused("RunMlaDecode: the plan names no kernel");
   if (e != cudaSuccess) {
     return {static_cast<int>(e), std::string("RunMlaDecode: ") + cudaGetErrorString(e)};

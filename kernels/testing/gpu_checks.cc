@@ -532,10 +532,9 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   // Run 0: planned from the real lengths; run 1: the same plan again (the work counter must have
   // been reset); run 2: GqaDecode's plan for every sequence at max_len, in a workspace with room
   // for two partial results only, so long sequences take larger chunks.
-  const size_t small_ws = std::min(ws_bytes, LayoutDecodeWorkspace(
-                                                 (batch + 2) * int64_t{c.qo_heads}, batch, 2,
-                                                 c.qo_heads, d)
-                                                 .total);
+  const size_t small_ws = std::min(
+      ws_bytes,
+      LayoutDecodeWorkspace((batch + 2) * int64_t{c.qo_heads}, batch, 2, c.qo_heads, d).total);
   GqaDecodePlan plan;
   if (KernelStatus st = PlanGqaDecode(shape, c.q_type, c.kv_type, c.lens.data(), max_len, d_ws.ptr,
                                       ws_bytes, nullptr, &plan, c.options);
@@ -547,17 +546,17 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, q.size()));
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
     if (run < 2) {
-      const KernelStatus st = RunGqaDecode(plan, d_q.ptr, d_cache.ptr, layout,
-                                           d_table.as<int32_t>(), d_lens.as<int32_t>(), scales,
-                                           d_o.ptr, d_lse.as<float>(), nullptr);
+      const KernelStatus st =
+          RunGqaDecode(plan, d_q.ptr, d_cache.ptr, layout, d_table.as<int32_t>(),
+                       d_lens.as<int32_t>(), scales, d_o.ptr, d_lse.as<float>(), nullptr);
       if (!st.ok()) {
         res.detail = "RunGqaDecode: " + st.reason;
         return res;
       }
     } else {
       CHECK_CUDA(res, GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout,
-                                d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len, shape,
-                                scales, d_o.ptr, d_lse.as<float>(), d_ws.ptr, small_ws, nullptr));
+                                d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len, shape, scales,
+                                d_o.ptr, d_lse.as<float>(), d_ws.ptr, small_ws, nullptr));
     }
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
@@ -604,17 +603,38 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
   // Forced chunks: more items than blocks, taken from the work counter.
   GqaDecodeOptions counter;
   counter.chunk = 128;
-  out.push_back(RunGqaCase({64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst,
-                            {4099, 1, 2500, 700, 0, 3000, 4000, 4096}, counter},
+  out.push_back(RunGqaCase({64,
+                            8,
+                            128,
+                            16,
+                            DType::kBF16,
+                            DType::kBF16,
+                            Layout::kKvFirst,
+                            {4099, 1, 2500, 700, 0, 3000, 4000, 4096},
+                            counter},
                            rng));
-  out.push_back(RunGqaCase({64, 8, 128, 64, DType::kBF16, DType::kBF16, Layout::kBlocksFirst,
-                            {3000, 17, 1, 0, 2049}, counter},
+  out.push_back(RunGqaCase({64,
+                            8,
+                            128,
+                            64,
+                            DType::kBF16,
+                            DType::kBF16,
+                            Layout::kBlocksFirst,
+                            {3000, 17, 1, 0, 2049},
+                            counter},
                            rng));
   // Eight heads per block.
   GqaDecodeOptions eight;
   eight.warps = 8;
-  out.push_back(RunGqaCase({64, 8, 128, 32, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst,
-                            {1, 2500, 77, 0}, eight},
+  out.push_back(RunGqaCase({64,
+                            8,
+                            128,
+                            32,
+                            DType::kFP8E4M3,
+                            DType::kBF16,
+                            Layout::kBlocksFirst,
+                            {1, 2500, 77, 0},
+                            eight},
                            rng));
   out.push_back(RunGqaCase(
       {32, 8, 64, 16, DType::kBF16, DType::kBF16, Layout::kPacked, {300, 16, 1}, eight}, rng));
@@ -630,35 +650,74 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
     return std::vector<int>(l.begin(), l.end());
   };
   const DType bf = DType::kBF16;
-  out.push_back(RunGqaCase({8, 1, 128, 16, bf, bf, Layout::kKvFirst, ragged(128, 512, 8192, 1), {},
-                            "matrix-8/1-ragged"},
-                           rng));
   out.push_back(RunGqaCase(
-      {32, 8, 128, 16, bf, bf, Layout::kKvFirst, {131072}, {}, "matrix-one-128k"}, rng));
-  out.push_back(RunGqaCase({32, 8, 128, 16, bf, bf, Layout::kKvFirst, ragged(16, 128, 16384, 3),
-                            {}, "matrix-32/8-ragged-scaled"},
+      {8, 1, 128, 16, bf, bf, Layout::kKvFirst, ragged(128, 512, 8192, 1), {}, "matrix-8/1-ragged"},
+      rng));
+  out.push_back(
+      RunGqaCase({32, 8, 128, 16, bf, bf, Layout::kKvFirst, {131072}, {}, "matrix-one-128k"}, rng));
+  out.push_back(RunGqaCase({32,
+                            8,
+                            128,
+                            16,
+                            bf,
+                            bf,
+                            Layout::kKvFirst,
+                            ragged(16, 128, 16384, 3),
+                            {},
+                            "matrix-32/8-ragged-scaled"},
                            rng));
-  out.push_back(RunGqaCase({32, 8, 128, 16, bf, bf, Layout::kBlocksFirst,
-                            ragged(16, 128, 16384, 4), {}, "matrix-blocks-first-ragged-scaled"},
+  out.push_back(RunGqaCase({32,
+                            8,
+                            128,
+                            16,
+                            bf,
+                            bf,
+                            Layout::kBlocksFirst,
+                            ragged(16, 128, 16384, 4),
+                            {},
+                            "matrix-blocks-first-ragged-scaled"},
                            rng));
   // Odd and large groups, 1/2/4 kv heads, head dims 64 and 256.
-  out.push_back(RunGqaCase({28, 4, 128, 16, bf, bf, Layout::kKvFirst, ragged(16, 1, 6000, 5), {},
-                            "matrix-group7"},
+  out.push_back(RunGqaCase(
+      {28, 4, 128, 16, bf, bf, Layout::kKvFirst, ragged(16, 1, 6000, 5), {}, "matrix-group7"},
+      rng));
+  out.push_back(RunGqaCase({7,
+                            1,
+                            128,
+                            32,
+                            DType::kFP8E4M3,
+                            bf,
+                            Layout::kKvFirst,
+                            ragged(16, 1, 6000, 6),
+                            {},
+                            "group7-1kv"},
                            rng));
-  out.push_back(RunGqaCase({7, 1, 128, 32, DType::kFP8E4M3, bf, Layout::kKvFirst,
-                            ragged(16, 1, 6000, 6), {}, "group7-1kv"},
+  out.push_back(RunGqaCase(
+      {48, 3, 128, 16, bf, bf, Layout::kPacked, ragged(8, 1, 5000, 7), {}, "group16"}, rng));
+  out.push_back(RunGqaCase({10,
+                            2,
+                            64,
+                            16,
+                            DType::kFP16,
+                            DType::kFP16,
+                            Layout::kHeadsFirst,
+                            ragged(16, 1, 9000, 8),
+                            {},
+                            "group5-2kv"},
                            rng));
-  out.push_back(RunGqaCase({48, 3, 128, 16, bf, bf, Layout::kPacked, ragged(8, 1, 5000, 7), {},
-                            "group16"},
-                           rng));
-  out.push_back(RunGqaCase({10, 2, 64, 16, DType::kFP16, DType::kFP16, Layout::kHeadsFirst,
-                            ragged(16, 1, 9000, 8), {}, "group5-2kv"},
-                           rng));
-  out.push_back(RunGqaCase({16, 4, 256, 16, bf, bf, Layout::kKvFirst, ragged(8, 1, 8000, 9), {},
-                            "matrix-d256-ragged"},
-                           rng));
-  out.push_back(RunGqaCase({32, 8, 64, 16, bf, bf, Layout::kKvFirst, ragged(16, 128, 16384, 10),
-                            {}, "matrix-d64-ragged-scaled"},
+  out.push_back(RunGqaCase(
+      {16, 4, 256, 16, bf, bf, Layout::kKvFirst, ragged(8, 1, 8000, 9), {}, "matrix-d256-ragged"},
+      rng));
+  out.push_back(RunGqaCase({32,
+                            8,
+                            64,
+                            16,
+                            bf,
+                            bf,
+                            Layout::kKvFirst,
+                            ragged(16, 128, 16384, 10),
+                            {},
+                            "matrix-d64-ragged-scaled"},
                            rng));
   return out;
 }
@@ -744,10 +803,10 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
   // Run 0: planned from the real lengths; run 1: the same plan again (the work counter must have
   // been reset); run 2: MlaDecode's plan for every sequence at max_len, in a workspace with room
   // for two partial results only.
-  const size_t small_ws =
-      std::min(ws_bytes, LayoutDecodeWorkspace((batch + 2) * int64_t{c.heads / 16}, batch, 2,
-                                               c.heads, kMlaVDim)
-                             .total);
+  const size_t small_ws = std::min(
+      ws_bytes,
+      LayoutDecodeWorkspace((batch + 2) * int64_t{c.heads / 16}, batch, 2, c.heads, kMlaVDim)
+          .total);
   MlaDecodePlan plan;
   if (KernelStatus st = PlanMlaDecode(shape, c.q_type, c.kv_type, c.lens.data(), max_len, d_ws.ptr,
                                       ws_bytes, nullptr, &plan, c.options);
