@@ -469,12 +469,6 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
                   "8 kv heads per block"});
   rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
                   "8 kv heads per block"});
-  GqaDecodeOptions merge_kernel;
-  merge_kernel.merge_kernel = true;
-  rows.push_back({"variant", 8, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst,
-                  merge_kernel, "merge kernel"});
-  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst,
-                  merge_kernel, "merge kernel"});
   if (opt.quick) rows.resize(6);
   return rows;
 }
