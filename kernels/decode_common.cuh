@@ -21,7 +21,6 @@ struct PlanWorkspace {
   const DecodeMergeItem* merges = nullptr;  // split sequences
   float* part_lse = nullptr;                // [slots, heads], natural log
   float* part_o = nullptr;                  // [slots, heads, dim], already divided by its sum
-  int* arrivals = nullptr;                  // arrival counters of kernels that merge inside
 };
 
 inline PlanWorkspace CarvePlanWorkspace(void* base, const DecodeWorkspaceLayout& l) {
@@ -32,7 +31,6 @@ inline PlanWorkspace CarvePlanWorkspace(void* base, const DecodeWorkspaceLayout&
   w.merges = reinterpret_cast<const DecodeMergeItem*>(p + l.merges);
   w.part_lse = reinterpret_cast<float*>(p + l.part_lse);
   w.part_o = reinterpret_cast<float*>(p + l.part_o);
-  w.arrivals = reinterpret_cast<int*>(p + l.arrivals);
   return w;
 }
 
@@ -192,15 +190,9 @@ inline cudaError_t UploadPlan(const SplitPlan& plan, const DecodeWorkspaceLayout
     }
   }
   if (!plan.merges.empty()) {
-    if (cudaError_t e = cudaMemcpyAsync(p + l.merges, plan.merges.data(),
-                                        plan.merges.size() * sizeof(DecodeMergeItem),
-                                        cudaMemcpyHostToDevice, stream);
-        e != cudaSuccess) {
-      return e;
-    }
-  }
-  if (l.num_arrivals > 0) {
-    return cudaMemsetAsync(p + l.arrivals, 0, sizeof(int) * l.num_arrivals, stream);
+    return cudaMemcpyAsync(p + l.merges, plan.merges.data(),
+                           plan.merges.size() * sizeof(DecodeMergeItem), cudaMemcpyHostToDevice,
+                           stream);
   }
   return cudaSuccess;
 }

@@ -174,9 +174,6 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
         it.end = s + 1 < n ? static_cast<int32_t>((s + 1) * per * g)
                            : std::numeric_limits<int32_t>::max();
         it.slot = n > 1 ? slot + static_cast<int32_t>(s) : -1;
-        it.merge = n > 1 ? static_cast<int32_t>(plan->merges.size()) - 1 : -1;
-        it.splits = static_cast<int32_t>(n);
-        it.slot0 = n > 1 ? slot : -1;
         pending.push_back({cost, it});
       }
     }
@@ -195,15 +192,13 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
 }
 
 DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots, int heads,
-                                            int dim, int64_t arrivals) {
+                                            int dim) {
   DecodeWorkspaceLayout l;
   l.items = 256;
   l.merges = Align256(l.items + sizeof(DecodeWorkItem) * std::max<int64_t>(items, 0));
   l.part_lse = Align256(l.merges + sizeof(DecodeMergeItem) * std::max<int64_t>(merges, 0));
   l.part_o = Align256(l.part_lse + size_t{4} * std::max<int64_t>(slots, 0) * heads);
-  l.arrivals = Align256(l.part_o + size_t{4} * std::max<int64_t>(slots, 0) * heads * dim);
-  l.num_arrivals = std::max<int64_t>(arrivals, 0);
-  l.total = Align256(l.arrivals + size_t{4} * l.num_arrivals);
+  l.total = Align256(l.part_o + size_t{4} * std::max<int64_t>(slots, 0) * heads * dim);
   return l;
 }
 

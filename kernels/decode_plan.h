@@ -26,19 +26,15 @@ struct KernelStatus {
 // sequence `seq` for head group `unit`; `end` is INT32_MAX for the last item of a sequence, which
 // runs to the sequence's length on the device (so a plan made for shorter lengths still covers
 // every token). slot < 0: the item is the whole sequence and writes the output directly;
-// otherwise it writes partial result `slot`, one of `splits` slots from `slot0`, of merge item
-// `merge` (for kernels that merge the splits themselves).
+// otherwise it writes partial result `slot`, merged by the merge kernel.
 struct DecodeWorkItem {
   int32_t seq = 0;
   int32_t unit = 0;
   int32_t start = 0;
   int32_t end = 0;
   int32_t slot = -1;
-  int32_t merge = -1;
-  int32_t splits = 1;
-  int32_t slot0 = -1;
+  int32_t pad[3] = {0, 0, 0};
 };
-static_assert(sizeof(DecodeWorkItem) == 32, "the kernels read items as two int4");
 
 // One split sequence for the merge kernel (16 bytes): partial slots [slot0, slot0 + splits).
 struct DecodeMergeItem {
@@ -95,15 +91,13 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan);
 int64_t MaxPlanItems(const SplitPlanInput& in);
 int64_t MaxPlanSlots(const SplitPlanInput& in);
 
-// The workspace the kernels use: [counter 256 B][items][merges][partial lse][partial o]
-// [arrival counters], each part 256-byte aligned. Offsets in bytes. `arrivals`: int counters of
-// kernels that merge inside (zeroed when the plan is written, left zero by every launch).
+// The workspace the kernels use: [counter 256 B][items][merges][partial lse][partial o], each
+// part 256-byte aligned. Offsets in bytes.
 struct DecodeWorkspaceLayout {
-  size_t items = 0, merges = 0, part_lse = 0, part_o = 0, arrivals = 0, total = 0;
-  int64_t num_arrivals = 0;
+  size_t items = 0, merges = 0, part_lse = 0, part_o = 0, total = 0;
 };
 DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots, int heads,
-                                            int dim, int64_t arrivals = 0);
+                                            int dim);
 
 // "2 x 8k, 128 items, one per block, merge" style note for the benchmark.
 std::string DescribePlan(const SplitPlan& plan);

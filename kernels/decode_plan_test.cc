@@ -58,20 +58,11 @@ void ExpectCoversEveryToken(const SplitPlanInput& in, const SplitPlan& plan) {
     const auto m = merges.find(key.first);
     if (items.size() == 1) {
       EXPECT_EQ(items[0].slot, -1);
-      EXPECT_EQ(items[0].merge, -1);
-      EXPECT_EQ(items[0].splits, 1);
       EXPECT_EQ(m, merges.end());
     } else {
       ASSERT_NE(m, merges.end()) << "split sequence " << key.first << " has no merge item";
       ASSERT_EQ(m->second.splits, static_cast<int>(items.size()));
-      const int merge_index = items[0].merge;  // every item names the same merge item
-      ASSERT_GE(merge_index, 0);
-      ASSERT_LT(merge_index, static_cast<int>(plan.merges.size()));
-      EXPECT_EQ(plan.merges[merge_index].seq, key.first);
       for (size_t i = 0; i < items.size(); ++i) {
-        EXPECT_EQ(items[i].merge, merge_index);
-        EXPECT_EQ(items[i].splits, m->second.splits);
-        EXPECT_EQ(items[i].slot0, m->second.slot0);
         EXPECT_EQ(items[i].slot, m->second.slot0 + static_cast<int>(i));
         ASSERT_GE(items[i].slot, 0);
         ASSERT_LT(items[i].slot, plan.slots);
@@ -199,14 +190,8 @@ TEST(DecodePlanTest, WorkspaceLayoutIsAlignedAndOrdered) {
   EXPECT_GE(l.merges, l.items + 1000 * sizeof(DecodeWorkItem));
   EXPECT_GE(l.part_lse, l.merges + 7 * sizeof(DecodeMergeItem));
   EXPECT_GE(l.part_o, l.part_lse + 4u * 33 * 32);
-  EXPECT_GE(l.arrivals, l.part_o + 4u * 33 * 32 * 128);
-  EXPECT_EQ(l.total, l.arrivals);
-  const DecodeWorkspaceLayout c = LayoutDecodeWorkspace(1000, 7, 33, 32, 128, 100);
-  EXPECT_EQ(c.num_arrivals, 100);
-  EXPECT_GE(c.total, c.arrivals + 400);
-  for (size_t off : {l.items, l.merges, l.part_lse, l.part_o, l.arrivals, l.total}) {
-    EXPECT_EQ(off % 256, 0u);
-  }
+  EXPECT_GE(l.total, l.part_o + 4u * 33 * 32 * 128);
+  for (size_t off : {l.items, l.merges, l.part_lse, l.part_o, l.total}) EXPECT_EQ(off % 256, 0u);
 }
 
 }  // namespace

@@ -29,11 +29,9 @@
 //    element sits in which fragment slot is permuted so that every thread reads whole 16-byte
 //    pieces of K and V rows; the query is loaded with the same permutation and the output is
 //    un-permuted when it is written.
-//  - Items of a split sequence write partial results (slot of the plan). Where no sequence has
-//    more than 32 splits, each warp counts its arrival per (sequence, pair) and the last one
-//    merges them (MergeWarpSplits): no second kernel. Otherwise MergePartialsKernel combines
-//    them, many warps per long sequence. (An earlier version merged inside thread block
-//    clusters; it measured no faster and did not fit ragged plans.)
+//  - Items of a split sequence write partial results (slot of the plan) that
+//    MergePartialsKernel combines, many warps per long sequence. (An earlier version merged
+//    inside thread block clusters; it measured no faster and did not fit ragged plans.)
 
 namespace kvpool::kernels {
 namespace {
@@ -66,7 +64,6 @@ struct GqaParams {
   int max_blocks_per_seq;
   int total_items;
   int one_item;      // 1: one item per block, block i takes item i (no work counter)
-  int fused_merge;   // 1: the last split of each (sequence, pair) merges (no merge kernel)
   float scale_log2;  // sm_scale * k_scale * log2(e)
   float v_scale;
 };
@@ -113,51 +110,6 @@ template <typename KV, int kDim>
 constexpr int MaxWarps() {
   constexpr int kStage = 32 * kDim * KvTraits<KV>::kBytes;
   return kSmemBudget / (8 * kStage) >= 2 ? 8 : (kSmemBudget / (4 * kStage) >= 2 ? 4 : 2);
-}
-
-// The fused merge (GqaParams::fused_merge): the last split of a (sequence, pair) to finish
-// combines the `splits` partials from slot0 of the pair's `grows` query heads, as
-// MergeFewSplitsKernel does, reading them through L2 (other blocks wrote them). Inlined: as a
-// call it made the compiler save the loop's registers around it (spills in 5 instantiations).
-template <bool kQBf16, int kDim>
-__device__ __forceinline__ void MergeWarpSplits(const GqaParams& p, int b, int head0, int grows,
-                                             int slot0, int splits) {
-  const int lane = threadIdx.x % 32;
-  constexpr int kPer = kDim / 32;  // values per lane, consecutive pairs
-  for (int g = 0; g < grows; ++g) {
-    const int h = head0 + g;
-    const float* pl = p.ws.part_lse + size_t{1} * slot0 * p.num_qo_heads + h;
-    float m = -INFINITY;
-    for (int s = lane; s < splits; s += 32)
-      m = fmaxf(m, __ldcg(pl + size_t{1} * s * p.num_qo_heads));
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(kFull, m, off));
-    float acc[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
-    float sum = 0.0f;
-    if (m != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float w = __expf(__ldcg(pl + size_t{1} * s * p.num_qo_heads) - m);
-        sum += w;
-        const float* po = p.ws.part_o + (size_t{1} * (slot0 + s) * p.num_qo_heads + h) * kDim;
-#pragma unroll
-        for (int i = 0; i < kPer; i += 2) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(po + i * 32 + lane * 2));
-          acc[i] += w * v.x;
-          acc[i + 1] += w * v.y;
-        }
-      }
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const size_t row = size_t{1} * b * p.num_qo_heads + h;
-    uint32_t* out = static_cast<uint32_t*>(p.o) + row * (kDim / 2);
-#pragma unroll
-    for (int i = 0; i < kPer; i += 2) {
-      out[(i * 32 + lane * 2) / 2] = detail::PackFloat2<kQBf16>(acc[i] * inv, acc[i + 1] * inv);
-    }
-    if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
-  }
 }
 
 template <typename KV, bool kQBf16, int kDim, int kWarps>
@@ -459,24 +411,6 @@ __global__ void __launch_bounds__(kWarps * 32)
         p.ws.part_lse[size_t{1} * slot * p.num_qo_heads + head0 + r] = lse_row;
       }
     }
-    if (p.fused_merge && !direct) {
-      // One arrival per warp and split once its partials are visible device-wide; the last
-      // split of this (sequence, pair) to arrive merges them, and resets the counter for the
-      // plan's next launch (no other split of this launch arrives there after it).
-      __threadfence();
-      __syncwarp();
-      const int4 wm = *reinterpret_cast<const int4*>(&p.ws.items[item].slot);  // slot, merge,
-      int last = 0;                                                            // splits, slot0
-      if (lane == 0) {
-        int* arrivals = p.ws.arrivals + (size_t{1} * wm.y * p.hgroups + wi.y) * kWarps + warp;
-        last = atomicAdd(arrivals, 1) == wm.z - 1;
-        if (last) atomicExch(arrivals, 0);
-      }
-      if (__shfl_sync(kFull, last, 0)) {
-        __threadfence();
-        MergeWarpSplits<kQBf16, kDim>(p, b, head0, grows, wm.w, wm.z);
-      }
-    }
   }
 }
 
@@ -524,11 +458,9 @@ struct GqaLauncher {
         return e;
       }
     }
-    p.fused_merge = plan.layout.num_arrivals > 0 ? 1 : 0;
     GqaDecodeKernel<KV, kQBf16, kDim, kWarps>
         <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (p.fused_merge) return cudaSuccess;
     return detail::LaunchMergePartials<kQBf16, kDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
         p.o, p.lse, stream);
@@ -667,9 +599,9 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   return KernelStatus::Ok();
 }
 
-size_t BytesFor(const SplitPlanInput& in, const GqaDecodeShape& shape, int warps) {
+size_t BytesFor(const SplitPlanInput& in, const GqaDecodeShape& shape) {
   return LayoutDecodeWorkspace(MaxPlanItems(in), in.batch, MaxPlanSlots(in), shape.num_qo_heads,
-                               shape.head_dim, int64_t{in.batch} * in.units_per_seq * warps)
+                               shape.head_dim)
       .total;
 }
 
@@ -702,7 +634,7 @@ size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, DType q_type, DType 
                                int max_seq_len, const GqaDecodeOptions& options) {
   PlanBasis basis;
   if (!MakeBasis(shape, q_type, kv_type, nullptr, max_seq_len, options, &basis).ok()) return 0;
-  return BytesFor(basis.in, shape, basis.warps);
+  return BytesFor(basis.in, shape);
 }
 
 KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_type,
@@ -720,35 +652,29 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
   if (workspace == nullptr) return KernelStatus::Refused("PlanGqaDecode: no workspace");
   // As many partial slots as the workspace holds, up to the planner's own bound.
   SplitPlanInput& in = basis.in;
-  if (BytesFor(in, shape, basis.warps) > workspace_bytes) {
+  if (BytesFor(in, shape) > workspace_bytes) {
     int lo = 0, hi = in.max_slots;  // largest fitting max_slots
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       in.max_slots = mid;
-      if (BytesFor(in, shape, basis.warps) <= workspace_bytes) {
+      if (BytesFor(in, shape) <= workspace_bytes) {
         lo = mid;
       } else {
         hi = mid - 1;
       }
     }
     in.max_slots = lo;
-    if (BytesFor(in, shape, basis.warps) > workspace_bytes && in.forced_chunk == 0) {
+    if (BytesFor(in, shape) > workspace_bytes && in.forced_chunk == 0) {
       return KernelStatus::Refused("PlanGqaDecode: a workspace of " +
                                    std::to_string(workspace_bytes) +
                                    " bytes cannot hold even the unsplit plan (" +
-                                   std::to_string(BytesFor(in, shape, basis.warps)) + " bytes)");
+                                   std::to_string(BytesFor(in, shape)) + " bytes)");
     }
   }
   if (KernelStatus st = PlanSplits(in, &plan->split); !st.ok()) return st;
-  // Sequences of few splits are merged inside the attention kernel (one arrival counter per
-  // merge item, head group and warp); many splits go to the merge kernel, whose warps share them.
-  const bool fused = !plan->split.merges.empty() && plan->split.max_splits <= detail::kFewSplits &&
-                     !options.merge_kernel;
-  plan->layout = LayoutDecodeWorkspace(
-      static_cast<int64_t>(plan->split.items.size()),
-      static_cast<int64_t>(plan->split.merges.size()), plan->split.slots, shape.num_qo_heads,
-      shape.head_dim,
-      fused ? static_cast<int64_t>(plan->split.merges.size()) * basis.hgroups * basis.warps : 0);
+  plan->layout = LayoutDecodeWorkspace(static_cast<int64_t>(plan->split.items.size()),
+                                       static_cast<int64_t>(plan->split.merges.size()),
+                                       plan->split.slots, shape.num_qo_heads, shape.head_dim);
   if (plan->layout.total > workspace_bytes) {
     return KernelStatus::Refused("PlanGqaDecode: the plan needs " +
                                  std::to_string(plan->layout.total) +

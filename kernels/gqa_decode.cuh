@@ -20,10 +20,9 @@ namespace kvpool::kernels {
 // Benchmark and test overrides of the planner's choices; zero means "the planner decides". They
 // travel inside the plan, so concurrent launches never see each other's settings.
 struct GqaDecodeOptions {
-  int warps = 0;              // (kv head, 8 query heads) pairs per block: 1, 2, 4 or 8
-  int chunk = 0;              // tokens per work item (a multiple of 16) instead of the planned ones
-  bool uniform = false;       // plan as if every sequence had max_seq_len (ignores host seq_lens)
-  bool merge_kernel = false;  // merge split sequences in a second kernel even when they are few
+  int warps = 0;         // (kv head, 8 query heads) pairs per block: 1, 2, 4 or 8
+  int chunk = 0;         // tokens per work item (a multiple of 16) instead of the planned ones
+  bool uniform = false;  // plan as if every sequence had max_seq_len (ignores host seq_lens)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its

@@ -623,33 +623,6 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
                             {3000, 17, 1, 0, 2049},
                             counter},
                            rng));
-  // Splits merged inside the attention kernel under the work counter (at most 32 per sequence),
-  // and the same through the merge kernel.
-  GqaDecodeOptions fused_counter;
-  fused_counter.chunk = 256;
-  out.push_back(RunGqaCase({32,
-                            8,
-                            128,
-                            16,
-                            DType::kBF16,
-                            DType::kBF16,
-                            Layout::kKvFirst,
-                            {4099, 1, 2500, 700, 0, 3000, 4000, 4096},
-                            fused_counter},
-                           rng));
-  GqaDecodeOptions merge_kernel;
-  merge_kernel.merge_kernel = true;
-  out.push_back(RunGqaCase({32,
-                            8,
-                            128,
-                            16,
-                            DType::kBF16,
-                            DType::kBF16,
-                            Layout::kKvFirst,
-                            {4099, 1, 2500, 700, 0},
-                            merge_kernel,
-                            "merge-kernel"},
-                           rng));
   // Eight heads per block.
   GqaDecodeOptions eight;
   eight.warps = 8;
