@@ -448,6 +448,7 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
       {"matrix", 28, 4, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 7"},
       {"matrix", 7, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 7"},
       {"matrix", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 16"},
+      {"matrix", 48, 3, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 16"},
       {"matrix", 16, 2, 128, 16, 64, 512, 8192},
       {"matrix", 32, 4, 128, 16, 64, 512, 8192},
       {"matrix", 32, 8, 64, 16, 64, 128, 16384},
@@ -469,6 +470,10 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
                   "8 kv heads per block"});
   rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
                   "8 kv heads per block"});
+  GqaDecodeOptions rows8;
+  rows8.rows8 = true;
+  rows.push_back({"variant", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, rows8,
+                  "8 query heads per warp"});
   if (opt.quick) rows.resize(6);
   return rows;
 }

@@ -57,7 +57,7 @@ struct GqaParams {
   int num_qo_heads;
   int num_kv_heads;
   int group;    // query heads per kv head
-  int qchunks;  // groups of 8 query heads per kv head
+  int qchunks;  // groups of 8 (16 with kRows16) query heads per kv head
   int pairs;    // num_kv_heads * qchunks: one warp each
   int hgroups;  // ceil(pairs / warps per block)
   int block_size;
@@ -112,10 +112,15 @@ constexpr int MaxWarps() {
   return kSmemBudget / (8 * kStage) >= 2 ? 8 : (kSmemBudget / (4 * kStage) >= 2 ? 4 : 2);
 }
 
-template <typename KV, bool kQBf16, int kDim, int kWarps>
+// kRows16: each warp takes 16 query heads of its kv head (the MMA's rows 8..15 too) instead of
+// 8, for groups above 8: one K/V stream per 16 query heads, twice the score and output
+// accumulators.
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16>
 __global__ void __launch_bounds__(kWarps * 32)
     GqaDecodeKernel(const __grid_constant__ GqaParams p) {
   using C = GqaConfig<KV, kDim, kWarps>;
+  constexpr int kH = kRows16 ? 2 : 1;  // halves of 8 query rows per warp
+  constexpr int kRows = 8 * kH;
   static_assert(C::kStages >= 2, "pipeline does not fit shared memory");
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
@@ -146,17 +151,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (pair >= p.pairs) continue;  // idle warp of the last head group (no barriers below)
     const int len = p.seq_lens[b];
     const int h = pair / p.qchunks;
-    const int g0 = (pair % p.qchunks) * 8;
-    const int grows = min(8, p.group - g0);
+    const int g0 = (pair % p.qchunks) * kRows;
+    const int grows = min(kRows, p.group - g0);
     const int head0 = h * p.group + g0;  // first query head of this warp
     const int start = wi.z;
     const int end = max(start, min(len, wi.w));
 
-    // Query fragments (A of S = Q K^T): row r = query head head0 + r; rows 8..15 are zero.
-    uint32_t qlo[C::kKSteps], qhi[C::kKSteps];
-    {
+    // Query fragments (A of S = Q K^T): row r + 8 hf = query head head0 + r + 8 hf; rows
+    // 8..15 are zero unless kRows16.
+    uint32_t qlo[kH][C::kKSteps], qhi[kH][C::kKSteps];
+#pragma unroll
+    for (int hf = 0; hf < kH; ++hf) {
+      const int row = r + 8 * hf;
       const uint4* qrow = reinterpret_cast<const uint4*>(
-          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_qo_heads + head0 + r) * kDim);
+          static_cast<const uint16_t*>(p.q) +
+          (size_t{1} * b * p.num_qo_heads + head0 + row) * kDim);
 #pragma unroll
       for (int i = 0; i < C::kNKC; ++i) {
         // Piece i of this thread covers elements [kEK * (qd + 4i), +kEK).
@@ -164,17 +173,32 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int v = 0; v < kQVecs; ++v) {
           uint4 x = make_uint4(0, 0, 0, 0);
-          if (r < grows) x = qrow[(C::kEK * (qd + 4 * i)) / 8 + v];
+          if (row < grows) x = qrow[(C::kEK * (qd + 4 * i)) / 8 + v];
           const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
           for (int m2 = 0; m2 < 2; ++m2) {
             const int ks = i * (C::kEK / 4) + v * 2 + m2;  // 4 elements per k-step and thread
-            qlo[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2]);
-            qhi[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2 + 1]);
+            qlo[hf][ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2]);
+            qhi[hf][ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2 + 1]);
           }
         }
       }
     }
+    // The A operand's rows 8..15 (registers a1, a3).
+    auto q8lo = [&](int ks) -> uint32_t {
+      if constexpr (kRows16) {
+        return qlo[kH - 1][ks];
+      } else {
+        return 0u;
+      }
+    };
+    auto q8hi = [&](int ks) -> uint32_t {
+      if constexpr (kRows16) {
+        return qhi[kH - 1][ks];
+      } else {
+        return 0u;
+      }
+    };
 
     const int ntiles = (end - start + 15) / 16;
     const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
@@ -240,11 +264,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     };
 
-    float m_run = -INFINITY;  // running max of row r (log2 domain)
-    float l_run = 0.0f;       // this thread's share of the running sum of row r
-    float acc[C::kMTiles][4];
+    float m_run[kH], l_run[kH];  // row r + 8 hf: running max (log2 domain), this thread's sum
+    float acc[kH][C::kMTiles][4];
 #pragma unroll
-    for (int i = 0; i < C::kMTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int hf = 0; hf < kH; ++hf) {
+      m_run[hf] = -INFINITY;
+      l_run[hf] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < C::kMTiles; ++i) {
+        acc[hf][i][0] = acc[hf][i][1] = acc[hf][i][2] = acc[hf][i][3] = 0.0f;
+      }
+    }
 
 #pragma unroll
     for (int k = 0; k < C::kStages - 1; ++k) {
@@ -282,55 +312,64 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
               const int ks = i * 4 + m;
-              detail::Mma16816<kMB>(s[n], qlo[ks], 0u, qhi[ks], 0u, pr[2 * m], pr[2 * m + 1]);
+              detail::Mma16816<kMB>(s[n], qlo[0][ks], q8lo(ks), qhi[0][ks], q8hi(ks), pr[2 * m],
+                                    pr[2 * m + 1]);
             }
           } else {
-            detail::Mma16816<kMB>(s[n], qlo[2 * i], 0u, qhi[2 * i], 0u, x.x, x.y);
-            detail::Mma16816<kMB>(s[n], qlo[2 * i + 1], 0u, qhi[2 * i + 1], 0u, x.z, x.w);
+            detail::Mma16816<kMB>(s[n], qlo[0][2 * i], q8lo(2 * i), qhi[0][2 * i], q8hi(2 * i),
+                                  x.x, x.y);
+            detail::Mma16816<kMB>(s[n], qlo[0][2 * i + 1], q8lo(2 * i + 1), qhi[0][2 * i + 1],
+                                  q8hi(2 * i + 1), x.z, x.w);
           }
         }
       }
 
-      // Online softmax over row r (columns: tokens 8n + 2qd + e).
-      float sv[2][2];
-      float mx = -INFINITY;
+      // Online softmax over rows r + 8 hf (columns: tokens 8n + 2qd + e; the score fragment's
+      // slots 2 hf + e).
+      uint32_t pb0[kH], pb1[kH];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int hf = 0; hf < kH; ++hf) {
+        float sv[2][2];
+        float mx = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool ok = tok0 + 8 * n + 2 * qd + e < end;
-          sv[n][e] = ok ? s[n][e] * p.scale_log2 : -INFINITY;
-          mx = fmaxf(mx, sv[n][e]);
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const bool ok = tok0 + 8 * n + 2 * qd + e < end;
+            sv[n][e] = ok ? s[n][2 * hf + e] * p.scale_log2 : -INFINITY;
+            mx = fmaxf(mx, sv[n][e]);
+          }
         }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
-      const float m_new = fmaxf(m_run, mx);  // finite: token 0 of a tile is always valid
-      const float alpha = exp2f(m_run - m_new);
-      float pv[2][2];
-      float psum = 0.0f;
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+        const float m_new = fmaxf(m_run[hf], mx);  // finite: token 0 of a tile is always valid
+        const float alpha = exp2f(m_run[hf] - m_new);
+        float pv[2][2];
+        float psum = 0.0f;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          pv[n][e] = exp2f(sv[n][e] - m_new);
-          psum += pv[n][e];
+          for (int e = 0; e < 2; ++e) {
+            pv[n][e] = exp2f(sv[n][e] - m_new);
+            psum += pv[n][e];
+          }
         }
-      }
-      l_run = l_run * alpha + psum;
-      m_run = m_new;
-      // Output columns are query rows 2qd and 2qd + 1: their factors live in lanes 8qd, 8qd+4.
-      const float a0 = __shfl_sync(kFull, alpha, 8 * qd);
-      const float a1 = __shfl_sync(kFull, alpha, 8 * qd + 4);
+        l_run[hf] = l_run[hf] * alpha + psum;
+        m_run[hf] = m_new;
+        // Output columns are query rows 2qd and 2qd + 1 (of this half): their factors live in
+        // lanes 8qd, 8qd+4.
+        const float a0 = __shfl_sync(kFull, alpha, 8 * qd);
+        const float a1 = __shfl_sync(kFull, alpha, 8 * qd + 4);
 #pragma unroll
-      for (int i = 0; i < C::kMTiles; ++i) {
-        acc[i][0] *= a0;
-        acc[i][1] *= a1;
-        acc[i][2] *= a0;
-        acc[i][3] *= a1;
+        for (int i = 0; i < C::kMTiles; ++i) {
+          acc[hf][i][0] *= a0;
+          acc[hf][i][1] *= a1;
+          acc[hf][i][2] *= a0;
+          acc[hf][i][3] *= a1;
+        }
+        pb0[hf] = detail::PackFloat2<kMB>(pv[0][0], pv[0][1]);
+        pb1[hf] = detail::PackFloat2<kMB>(pv[1][0], pv[1][1]);
       }
-      const uint32_t pb0 = detail::PackFloat2<kMB>(pv[0][0], pv[0][1]);
-      const uint32_t pb1 = detail::PackFloat2<kMB>(pv[1][0], pv[1][1]);
 
       // O^T += V^T P^T: V rows of tokens 2qd, 2qd+1, 2qd+8, 2qd+9; m-tile mu uses value
       // slots 2mu (rows r) and 2mu+1 (rows r+8) of this thread's pieces.
@@ -367,48 +406,58 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int pp = 0; pp < kPairs; ++pp) {
           const int mu = i * kPairs + pp;
-          detail::Mma16816<kMB>(acc[mu], __byte_perm(x[0][pp], x[1][pp], 0x5410),
-                                __byte_perm(x[0][pp], x[1][pp], 0x7632),
-                                __byte_perm(x[2][pp], x[3][pp], 0x5410),
-                                __byte_perm(x[2][pp], x[3][pp], 0x7632), pb0, pb1);
+          const uint32_t a0 = __byte_perm(x[0][pp], x[1][pp], 0x5410);
+          const uint32_t a1 = __byte_perm(x[0][pp], x[1][pp], 0x7632);
+          const uint32_t a2 = __byte_perm(x[2][pp], x[3][pp], 0x5410);
+          const uint32_t a3 = __byte_perm(x[2][pp], x[3][pp], 0x7632);
+#pragma unroll
+          for (int hf = 0; hf < kH; ++hf) {
+            detail::Mma16816<kMB>(acc[hf][mu], a0, a1, a2, a3, pb0[hf], pb1[hf]);
+          }
         }
       }
     }
 
-    // This warp's results: row r's sum and max, then the output columns 2qd and 2qd + 1.
-    l_run += __shfl_xor_sync(kFull, l_run, 1);
-    l_run += __shfl_xor_sync(kFull, l_run, 2);
-    const float inv_row = l_run > 0.0f ? p.v_scale / l_run : 0.0f;
-    const float lse_row = l_run > 0.0f ? (m_run + __log2f(l_run)) * detail::kLn2 : -INFINITY;
-    const float inv0 = __shfl_sync(kFull, inv_row, 8 * qd);
-    const float inv1 = __shfl_sync(kFull, inv_row, 8 * qd + 4);
+    // This warp's results, per half: row r's sum and max, then the output columns 2qd and
+    // 2qd + 1 (query rows 8 hf + 2qd + col).
     const int slot = __ldg(&p.ws.items[item].slot);
     const bool direct = slot < 0;
 #pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      const int g = 2 * qd + col;
-      if (g >= grows) continue;
-      const float inv = col ? inv1 : inv0;
-      const size_t out_row = direct ? size_t{1} * b * p.num_qo_heads + head0 + g
-                                    : size_t{1} * slot * p.num_qo_heads + head0 + g;
+    for (int hf = 0; hf < kH; ++hf) {
+      float l = l_run[hf];
+      l += __shfl_xor_sync(kFull, l, 1);
+      l += __shfl_xor_sync(kFull, l, 2);
+      const float inv_row = l > 0.0f ? p.v_scale / l : 0.0f;
+      const float lse_row = l > 0.0f ? (m_run[hf] + __log2f(l)) * detail::kLn2 : -INFINITY;
+      const float inv0 = __shfl_sync(kFull, inv_row, 8 * qd);
+      const float inv1 = __shfl_sync(kFull, inv_row, 8 * qd + 4);
 #pragma unroll
-      for (int mu = 0; mu < C::kMTiles; ++mu) {
-        // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
-        const int d = C::kEV * (r + 8 * ((2 * mu) / C::kEV)) + (2 * mu) % C::kEV;
-        const float v0 = acc[mu][col] * inv, v1 = acc[mu][2 + col] * inv;
-        if (direct) {
-          static_cast<uint32_t*>(p.o)[(out_row * kDim + d) / 2] =
-              detail::PackFloat2<kQBf16>(v0, v1);
-        } else {
-          *reinterpret_cast<float2*>(p.ws.part_o + out_row * kDim + d) = make_float2(v0, v1);
+      for (int col = 0; col < 2; ++col) {
+        const int g = 8 * hf + 2 * qd + col;
+        if (g >= grows) continue;
+        const float inv = col ? inv1 : inv0;
+        const size_t out_row = direct ? size_t{1} * b * p.num_qo_heads + head0 + g
+                                      : size_t{1} * slot * p.num_qo_heads + head0 + g;
+#pragma unroll
+        for (int mu = 0; mu < C::kMTiles; ++mu) {
+          // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
+          const int d = C::kEV * (r + 8 * ((2 * mu) / C::kEV)) + (2 * mu) % C::kEV;
+          const float v0 = acc[hf][mu][col] * inv, v1 = acc[hf][mu][2 + col] * inv;
+          if (direct) {
+            static_cast<uint32_t*>(p.o)[(out_row * kDim + d) / 2] =
+                detail::PackFloat2<kQBf16>(v0, v1);
+          } else {
+            *reinterpret_cast<float2*>(p.ws.part_o + out_row * kDim + d) = make_float2(v0, v1);
+          }
         }
       }
-    }
-    if (qd == 0 && r < grows) {
-      if (direct) {
-        if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head0 + r] = lse_row;
-      } else {
-        p.ws.part_lse[size_t{1} * slot * p.num_qo_heads + head0 + r] = lse_row;
+      const int row = 8 * hf + r;
+      if (qd == 0 && row < grows) {
+        if (direct) {
+          if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head0 + row] = lse_row;
+        } else {
+          p.ws.part_lse[size_t{1} * slot * p.num_qo_heads + head0 + row] = lse_row;
+        }
       }
     }
   }
@@ -422,14 +471,14 @@ constexpr bool WarpsFit(int warps) {
 
 constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the cost model
 
-template <typename KV, bool kQBf16, int kDim, int kWarps>
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16>
 struct GqaLauncher {
   using C = GqaConfig<KV, kDim, kWarps>;
 
   // Resident thread blocks for the whole GPU (0 on error).
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps>;
+      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -458,7 +507,7 @@ struct GqaLauncher {
         return e;
       }
     }
-    GqaDecodeKernel<KV, kQBf16, kDim, kWarps>
+    GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16>
         <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kDim>(
@@ -472,32 +521,36 @@ using Int = std::integral_constant<int, kV>;
 template <bool kV>
 using Bool = std::integral_constant<bool, kV>;
 
-// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}) for the kernel of these types,
-// head_dim and warps; false where there is none.
+// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}, Bool<kRows16>{}) for the kernel of
+// these types, head_dim, warps and rows per warp; false where there is none (16 rows per warp
+// exist for head_dim <= 128 and up to 4 warps per block).
 template <typename F>
-bool WithKernel(DType q_type, DType kv_type, int head_dim, int warps, F&& f) {
+bool WithKernel(DType q_type, DType kv_type, int head_dim, int warps, bool rows16, F&& f) {
   auto by_warps = [&](auto kv, auto qbf16, auto dim) {
     using KV = decltype(kv);
     constexpr int kDim = decltype(dim)::value;
     if (!WarpsFit<KV, kDim>(warps)) return false;
-    switch (warps) {
-      case 1:
-        f(kv, qbf16, dim, Int<1>{});
-        return true;
-      case 2:
-        f(kv, qbf16, dim, Int<2>{});
-        return true;
-      case 4:
-        if constexpr (MaxWarps<KV, kDim>() >= 4) {
-          f(kv, qbf16, dim, Int<4>{});
+    auto call = [&](auto w) {
+      if (rows16) {
+        if constexpr (kDim <= 128 && decltype(w)::value <= 4) {
+          f(kv, qbf16, dim, w, Bool<true>{});
           return true;
         }
         return false;
+      }
+      f(kv, qbf16, dim, w, Bool<false>{});
+      return true;
+    };
+    switch (warps) {
+      case 1:
+        return call(Int<1>{});
+      case 2:
+        return call(Int<2>{});
+      case 4:
+        if constexpr (MaxWarps<KV, kDim>() >= 4) return call(Int<4>{});
+        return false;
       case 8:
-        if constexpr (MaxWarps<KV, kDim>() >= 8) {
-          f(kv, qbf16, dim, Int<8>{});
-          return true;
-        }
+        if constexpr (MaxWarps<KV, kDim>() >= 8) return call(Int<8>{});
         return false;
     }
     return false;
@@ -546,6 +599,7 @@ int DefaultWarps(int pairs, DType kv_type, int head_dim) {
 // Everything of a plan but the items: warps, resident blocks, the planner's input.
 struct PlanBasis {
   int warps = 0;
+  bool rows16 = false;
   int hgroups = 0;
   SplitPlanInput in;
 };
@@ -556,17 +610,24 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   if (KernelStatus st = GqaDecodeSupported(shape, q_type, kv_type); !st.ok()) return st;
   if (max_seq_len < 0) return KernelStatus::Refused("max_seq_len is negative");
   const int group = shape.num_qo_heads / shape.num_kv_heads;
-  const int pairs = shape.num_kv_heads * ((group + 7) / 8);
+  // Groups above 8 take 16 query heads per warp (one K/V stream per 16 heads) where that kernel
+  // exists.
+  const bool rows16 =
+      group > 8 && shape.head_dim <= 128 && !options.rows8 && options.warps != 8;
+  const int rows = rows16 ? 16 : 8;
+  const int pairs = shape.num_kv_heads * ((group + rows - 1) / rows);
   int warps = options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim);
   int ctas = 0;
   double tile_us = 0.0;
-  const bool found = WithKernel(q_type, kv_type, shape.head_dim, warps,
-                                [&](auto kv, auto qbf16, auto dim, auto w) {
-                                  using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
-                                                        decltype(dim)::value, decltype(w)::value>;
-                                  ctas = L::ResidentCtas();
-                                  tile_us = L::TileUs(ctas);
-                                });
+  const bool found =
+      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16) {
+                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
+                                         decltype(dim)::value, decltype(w)::value,
+                                         decltype(r16)::value>;
+                   ctas = L::ResidentCtas();
+                   tile_us = L::TileUs(ctas);
+                 });
   if (!found) {
     return KernelStatus::Refused("GqaDecode: " + std::to_string(warps) +
                                  " warps per block do not fit head_dim " +
@@ -580,6 +641,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
                 cudaGetErrorString(e) + ")"};
   }
   basis->warps = warps;
+  basis->rows16 = rows16;
   basis->hgroups = (pairs + warps - 1) / warps;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;
@@ -685,6 +747,7 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
   plan->kv_type = kv_type;
   plan->max_seq_len = in.max_seq_len;
   plan->warps = basis.warps;
+  plan->rows16 = basis.rows16;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
       e != cudaSuccess) {
@@ -724,7 +787,8 @@ KernelStatus RunGqaDecode(const GqaDecodePlan& plan, const void* q, const void* 
   p.num_qo_heads = shape.num_qo_heads;
   p.num_kv_heads = shape.num_kv_heads;
   p.group = shape.num_qo_heads / shape.num_kv_heads;
-  p.qchunks = (p.group + 7) / 8;
+  const int rows = plan.rows16 ? 16 : 8;
+  p.qchunks = (p.group + rows - 1) / rows;
   p.pairs = p.num_kv_heads * p.qchunks;
   p.hgroups = (p.pairs + plan.warps - 1) / plan.warps;
   p.block_size = shape.block_size;
@@ -732,12 +796,14 @@ KernelStatus RunGqaDecode(const GqaDecodePlan& plan, const void* q, const void* 
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
   cudaError_t e = cudaSuccess;
-  const bool found = WithKernel(plan.q_type, plan.kv_type, shape.head_dim, plan.warps,
-                                [&](auto kv, auto qbf16, auto dim, auto w) {
-                                  using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
-                                                        decltype(dim)::value, decltype(w)::value>;
-                                  e = L::Run(plan, p, stream);
-                                });
+  const bool found =
+      WithKernel(plan.q_type, plan.kv_type, shape.head_dim, plan.warps, plan.rows16,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16) {
+                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
+                                         decltype(dim)::value, decltype(w)::value,
+                                         decltype(r16)::value>;
+                   e = L::Run(plan, p, stream);
+                 });
   if (!found) return KernelStatus::Refused("RunGqaDecode: the plan names no kernel");
   if (e != cudaSuccess) {
     return {static_cast<int>(e), std::string("RunGqaDecode: ") + cudaGetErrorString(e)};

@@ -20,9 +20,10 @@ namespace kvpool::kernels {
 // Benchmark and test overrides of the planner's choices; zero means "the planner decides". They
 // travel inside the plan, so concurrent launches never see each other's settings.
 struct GqaDecodeOptions {
-  int warps = 0;         // (kv head, 8 query heads) pairs per block: 1, 2, 4 or 8
+  int warps = 0;         // (kv head, 8 or 16 query heads) pairs per block: 1, 2, 4 or 8
   int chunk = 0;         // tokens per work item (a multiple of 16) instead of the planned ones
   bool uniform = false;  // plan as if every sequence had max_seq_len (ignores host seq_lens)
+  bool rows8 = false;    // groups above 8: 8 query heads per warp (two K/V streams per 16)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its
@@ -33,8 +34,9 @@ struct GqaDecodePlan {
   DType q_type = DType::kBF16;
   DType kv_type = DType::kBF16;
   int max_seq_len = 0;
-  int warps = 0;    // pairs per block
-  SplitPlan split;  // items, merges, grid
+  int warps = 0;        // pairs per block
+  bool rows16 = false;  // 16 query heads per warp (groups above 8, head_dim <= 128)
+  SplitPlan split;      // items, merges, grid
   DecodeWorkspaceLayout layout;
   const void* workspace = nullptr;  // where the items were written
 };

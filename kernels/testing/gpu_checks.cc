@@ -454,6 +454,7 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
       << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << "/" << LayoutName(c.layout)
       << (c.options.warps ? "/warps" + std::to_string(c.options.warps) : "")
       << (c.options.chunk ? "/chunk" + std::to_string(c.options.chunk) : "")
+      << (c.options.rows8 ? "/rows8" : "")
       << (c.tag.empty() ? "" : "/" + c.tag) << "/batch" << c.lens.size();
     res.name = s.str();
   }
@@ -694,6 +695,25 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
                            rng));
   out.push_back(RunGqaCase(
       {48, 3, 128, 16, bf, bf, Layout::kPacked, ragged(8, 1, 5000, 7), {}, "group16"}, rng));
+  // 16 query heads per warp (groups above 8, head_dim <= 128): groups 12, 16 and 32, e4m3, d64,
+  // forced single-warp blocks; the 8-per-warp variant; d256 (8 per warp).
+  GqaDecodeOptions one_warp, rows8;
+  one_warp.warps = 1;
+  rows8.rows8 = true;
+  const DType e4 = DType::kFP8E4M3, h16 = DType::kFP16;
+  const Layout kvf = Layout::kKvFirst;
+  out.push_back(RunGqaCase(
+      {16, 1, 64, 32, e4, bf, Layout::kBlocksFirst, ragged(16, 1, 7000, 11), {}, "g16-rows16"},
+      rng));
+  out.push_back(
+      RunGqaCase({12, 1, 128, 16, h16, h16, kvf, ragged(8, 1, 3000, 12), {}, "g12-rows16"}, rng));
+  out.push_back(RunGqaCase(
+      {64, 2, 128, 16, bf, bf, Layout::kPacked, ragged(8, 1, 3000, 13), one_warp, "g32-rows16"},
+      rng));
+  out.push_back(
+      RunGqaCase({16, 1, 128, 16, bf, bf, kvf, ragged(8, 1, 3000, 14), rows8, "g16-rows8"}, rng));
+  out.push_back(
+      RunGqaCase({32, 2, 256, 16, bf, bf, kvf, ragged(4, 1, 3000, 15), {}, "g16-d256"}, rng));
   out.push_back(RunGqaCase({10,
                             2,
                             64,
