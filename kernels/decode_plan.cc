@@ -119,6 +119,7 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
     evaluate(in.forced_chunk / g, &best);
   } else {
     evaluate(gmax, &best);  // no splits: always allowed
+    const bool best_unsplit_fits = best.items <= in.ctas;
     // Cuts of the longest sequence into n parts: every n up to 64, then steps of n / 8, and the
     // n that make whole waves of items if every sequence were as long as the longest.
     std::vector<int64_t> cuts;
@@ -137,6 +138,7 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
       Candidate c;
       evaluate(cg, &c);
       if (c.slots > in.max_slots) break;  // smaller chunks only need more
+      if (in.one_wave && best_unsplit_fits && c.items > in.ctas) continue;
       if (c.items > int64_t{64} * in.ctas) break;
       if (c.cost < 0.98 * best.cost) best = c;
       if (cg == min_cg) break;

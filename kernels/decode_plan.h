@@ -65,6 +65,9 @@ struct SplitPlanInput {
   int max_slots = 0;     // at most this many partial results (0: no splits at all)
   int forced_chunk = 0;  // > 0: cut at exactly this many tokens (a multiple of granule)
   bool uniform = false;  // ignore seq_lens: plan as if every sequence had max_seq_len
+  // Keep to one wave: no cut with more items than resident blocks when the unsplit plan has no
+  // more (for kernels whose blocks speed up when others finish, which the model does not see).
+  bool one_wave = false;
 };
 
 // The planner's decisions.

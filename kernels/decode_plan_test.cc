@@ -80,6 +80,17 @@ void ExpectCoversEveryToken(const SplitPlanInput& in, const SplitPlan& plan) {
   EXPECT_EQ(plan.grid, std::min<int>(static_cast<int>(plan.items.size()), in.ctas));
 }
 
+// 64 lengths of 1k-16k (as SeededLengths(64, 1024, 16384, 1) would give, fixed here so that the
+// planner test needs no reference library).
+std::vector<int32_t> SeededLengthsForTest() {
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int> len(1024, 16384);
+  std::vector<int32_t> lens(64);
+  for (int32_t& l : lens) l = len(rng);
+  lens[0] = 16384;
+  return lens;
+}
+
 int64_t ItemTokens(const DecodeWorkItem& it, const std::vector<int32_t>& lens) {
   return (it.end == kOpen ? lens[it.seq] : it.end) - it.start;
 }
@@ -130,6 +141,20 @@ TEST(DecodePlanTest, RandomBatchesCoverEveryToken) {
     EXPECT_LE(static_cast<int64_t>(plan.items.size()), MaxPlanItems(in));
     EXPECT_LE(plan.slots, MaxPlanSlots(in));
   }
+}
+
+TEST(DecodePlanTest, OneWaveKeepsItemsWithinTheBlocks) {
+  const std::vector<int32_t> lens = SeededLengthsForTest();
+  SplitPlanInput in = Input(lens, 1, 132);
+  in.granule = 64;
+  in.min_chunk = 256;
+  SplitPlan free_plan, one_wave;
+  ASSERT_TRUE(PlanSplits(in, &free_plan).ok());
+  in.one_wave = true;
+  ASSERT_TRUE(PlanSplits(in, &one_wave).ok());
+  ExpectCoversEveryToken(in, one_wave);
+  EXPECT_GT(free_plan.items.size(), 132u) << DescribePlan(free_plan);
+  EXPECT_LE(one_wave.items.size(), 132u) << DescribePlan(one_wave);
 }
 
 TEST(DecodePlanTest, UniformPlanAssumesFullLengths) {
