@@ -470,6 +470,17 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
                   "8 kv heads per block"});
   rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
                   "8 kv heads per block"});
+  GqaDecodeOptions four, one;
+  four.warps = 4;
+  one.warps = 1;
+  rows.push_back({"variant", 48, 3, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, four,
+                  "4 warps per block"});
+  rows.push_back({"variant", 28, 4, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, one,
+                  "1 warp per block"});
+  rows.push_back({"variant", 16, 2, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, one,
+                  "1 warp per block"});
+  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, one,
+                  "1 warp per block"});
   GqaDecodeOptions rows8;
   rows8.rows8 = true;
   rows.push_back({"variant", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, rows8,

@@ -589,10 +589,12 @@ int MaxWarpsFor(DType kv_type, int head_dim) {
 
 // Warps per block: one per (kv head, query group) pair, four by default. With d128 bf16 that is
 // one block per SM, each warp's ring 4 stages deep; eight heads per block measured the same or
-// 2-3% faster at batch 128 (docs/benchmarks.md) and stays an option.
+// 2-3% faster at batch 128 (docs/benchmarks.md) and stays an option. Three pairs take one warp
+// per block (each pair its own unit) rather than four warps with one idle.
 int DefaultWarps(int pairs, DType kv_type, int head_dim) {
   const int max_warps = MaxWarpsFor(kv_type, head_dim);
-  if (pairs >= 3 && max_warps >= 4) return 4;
+  if (pairs == 3) return 1;
+  if (pairs >= 4 && max_warps >= 4) return 4;
   return pairs >= 2 ? 2 : 1;
 }
 
