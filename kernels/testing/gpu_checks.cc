@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "kernels/block_copy.cuh"
 #include "kernels/dtype.h"
@@ -643,6 +644,38 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
       {32, 8, 128, 64, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst, {3000, 5000}}, rng));
   out.push_back(RunGqaCase(
       {64, 4, 64, 32, DType::kFP16, DType::kFP16, Layout::kPacked, {1500, 17, 2048}}, rng));
+
+  // Two threads planning and launching at once with different options (eight heads per block
+  // and a forced chunk on one, the planner's choices on the other): the options travel in the
+  // plans, so neither sees the other's (a process-global tuning struct used to be written by
+  // every launch).
+  {
+    CheckResult first, second;
+    std::mt19937_64 rng1(seed + 101), rng2(seed + 202);
+    GqaDecodeOptions forced;
+    forced.warps = 8;
+    forced.chunk = 256;
+    std::thread t1([&] {
+      for (int i = 0; i < 4; ++i) {
+        first = RunGqaCase({64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst,
+                            {2000, 700, 1, 3000}, forced, "concurrent"},
+                           rng1);
+        if (!first.ok) break;
+      }
+    });
+    std::thread t2([&] {
+      for (int i = 0; i < 4; ++i) {
+        second = RunGqaCase({32, 8, 64, 32, DType::kFP16, DType::kFP16, Layout::kBlocksFirst,
+                             {1500, 9, 2600}, {}, "concurrent"},
+                            rng2);
+        if (!second.ok) break;
+      }
+    });
+    t1.join();
+    t2.join();
+    out.push_back(first);
+    out.push_back(second);
+  }
 
   // The benchmark matrix's GQA rows (kvpool-kernels-bench), at their shapes or with fewer
   // sequences where the CPU reference would take too long: ragged lengths from SeededLengths.
