@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvpool::kernels {
@@ -102,7 +103,8 @@ struct DecodeWorkspaceLayout {
 DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots, int heads,
                                             int dim);
 
-// "2 x 8k, 128 items, one per block, merge" style note for the benchmark.
+// "chunk 2048, 32 split seqs (<= 2 splits), 128 items, one per block, merge": the plan in a line,
+// for the benchmark's and the checks' notes.
 std::string DescribePlan(const SplitPlan& plan);
 
 }  // namespace kvpool::kernels
