@@ -204,6 +204,44 @@ DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64
   return l;
 }
 
+size_t DecodeWorkspaceBytes(const SplitPlanInput& in, int heads, int dim) {
+  return LayoutDecodeWorkspace(MaxPlanItems(in), in.batch, MaxPlanSlots(in), heads, dim).total;
+}
+
+KernelStatus PlanSplitsInWorkspace(const char* who, SplitPlanInput* in, int heads, int dim,
+                                   size_t workspace_bytes, SplitPlan* plan,
+                                   DecodeWorkspaceLayout* layout) {
+  if (DecodeWorkspaceBytes(*in, heads, dim) > workspace_bytes) {
+    int lo = 0, hi = in->max_slots;  // the largest max_slots that fits
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      in->max_slots = mid;
+      if (DecodeWorkspaceBytes(*in, heads, dim) <= workspace_bytes) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    in->max_slots = lo;
+    const size_t unsplit = DecodeWorkspaceBytes(*in, heads, dim);
+    if (unsplit > workspace_bytes && in->forced_chunk == 0) {
+      return KernelStatus::Refused(
+          std::string(who) + ": a workspace of " + std::to_string(workspace_bytes) +
+          " bytes cannot hold even the unsplit plan (" + std::to_string(unsplit) + " bytes)");
+    }
+  }
+  if (KernelStatus st = PlanSplits(*in, plan); !st.ok()) return st;
+  *layout =
+      LayoutDecodeWorkspace(static_cast<int64_t>(plan->items.size()),
+                            static_cast<int64_t>(plan->merges.size()), plan->slots, heads, dim);
+  if (layout->total > workspace_bytes) {
+    return KernelStatus::Refused(std::string(who) + ": the plan needs " +
+                                 std::to_string(layout->total) + " bytes of workspace, given " +
+                                 std::to_string(workspace_bytes));
+  }
+  return KernelStatus::Ok();
+}
+
 std::string DescribePlan(const SplitPlan& plan) {
   char buf[200];
   std::snprintf(buf, sizeof(buf), "chunk %d, %d split seqs (<= %d splits), %zu items%s%s",

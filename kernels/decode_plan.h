@@ -103,6 +103,17 @@ struct DecodeWorkspaceLayout {
 DecodeWorkspaceLayout LayoutDecodeWorkspace(int64_t items, int64_t merges, int64_t slots, int heads,
                                             int dim);
 
+// The workspace bytes that any plan of `in` (lengths up to in.max_seq_len) fits in, for outputs
+// of `heads` x `dim`.
+size_t DecodeWorkspaceBytes(const SplitPlanInput& in, int heads, int dim);
+
+// PlanSplits within a given workspace: first lowers in->max_slots to the most partial results
+// `workspace_bytes` holds, then plans and lays the plan out. Refused, with `who` and the sizes in
+// the reason, when not even the unsplit plan fits or the plan's layout does not.
+KernelStatus PlanSplitsInWorkspace(const char* who, SplitPlanInput* in, int heads, int dim,
+                                   size_t workspace_bytes, SplitPlan* plan,
+                                   DecodeWorkspaceLayout* layout);
+
 // "chunk 2048, 32 split seqs (<= 2 splits), 128 items, one per block, merge": the plan in a line,
 // for the benchmark's and the checks' notes.
 std::string DescribePlan(const SplitPlan& plan);

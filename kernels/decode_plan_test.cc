@@ -219,5 +219,39 @@ TEST(DecodePlanTest, WorkspaceLayoutIsAlignedAndOrdered) {
   for (size_t off : {l.items, l.merges, l.part_lse, l.part_o, l.total}) EXPECT_EQ(off % 256, 0u);
 }
 
+TEST(DecodePlanTest, SmallWorkspaceTakesFewerSplitsOrIsRefused) {
+  const std::vector<int32_t> lens = {131072};
+  SplitPlanInput in = Input(lens, 8, 132);
+  const size_t full = DecodeWorkspaceBytes(in, 32, 128);
+  SplitPlan plan;
+  DecodeWorkspaceLayout layout;
+  SplitPlanInput roomy = in;
+  ASSERT_TRUE(PlanSplitsInWorkspace("Test", &roomy, 32, 128, full, &plan, &layout).ok());
+  EXPECT_EQ(roomy.max_slots, in.max_slots);
+  EXPECT_LE(layout.total, full);
+  const int roomy_slots = plan.slots;
+  ExpectCoversEveryToken(roomy, plan);
+
+  // Room for half the partial results the roomy plan wrote: at most that many, every token still
+  // covered, within the bytes.
+  ASSERT_GE(roomy_slots, 2);
+  SplitPlanInput half = in;
+  half.max_slots = roomy_slots / 2;
+  const size_t tight_bytes = DecodeWorkspaceBytes(half, 32, 128);
+  SplitPlanInput tight = in;
+  ASSERT_TRUE(PlanSplitsInWorkspace("Test", &tight, 32, 128, tight_bytes, &plan, &layout).ok());
+  EXPECT_GE(tight.max_slots, roomy_slots / 2);
+  EXPECT_LT(tight.max_slots, in.max_slots);
+  EXPECT_LE(plan.slots, roomy_slots / 2);
+  EXPECT_LE(layout.total, tight_bytes);
+  ExpectCoversEveryToken(tight, plan);
+
+  // Not even the unsplit plan fits: refused, naming the caller and the sizes.
+  SplitPlanInput none = in;
+  const KernelStatus st = PlanSplitsInWorkspace("Test", &none, 32, 128, 100, &plan, &layout);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.reason.find("Test: a workspace of 100 bytes"), std::string::npos) << st.reason;
+}
+
 }  // namespace
 }  // namespace kvpool::kernels

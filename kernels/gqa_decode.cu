@@ -663,12 +663,6 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   return KernelStatus::Ok();
 }
 
-size_t BytesFor(const SplitPlanInput& in, const GqaDecodeShape& shape) {
-  return LayoutDecodeWorkspace(MaxPlanItems(in), in.batch, MaxPlanSlots(in), shape.num_qo_heads,
-                               shape.head_dim)
-      .total;
-}
-
 }  // namespace
 
 KernelStatus GqaDecodeSupported(const GqaDecodeShape& shape, DType q_type, DType kv_type) {
@@ -698,7 +692,7 @@ size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, DType q_type, DType 
                                int max_seq_len, const GqaDecodeOptions& options) {
   PlanBasis basis;
   if (!MakeBasis(shape, q_type, kv_type, nullptr, max_seq_len, options, &basis).ok()) return 0;
-  return BytesFor(basis.in, shape);
+  return DecodeWorkspaceBytes(basis.in, shape.num_qo_heads, shape.head_dim);
 }
 
 KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_type,
@@ -714,35 +708,12 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
     return st;
   }
   if (workspace == nullptr) return KernelStatus::Refused("PlanGqaDecode: no workspace");
-  // As many partial slots as the workspace holds, up to the planner's own bound.
   SplitPlanInput& in = basis.in;
-  if (BytesFor(in, shape) > workspace_bytes) {
-    int lo = 0, hi = in.max_slots;  // largest fitting max_slots
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      in.max_slots = mid;
-      if (BytesFor(in, shape) <= workspace_bytes) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    in.max_slots = lo;
-    if (BytesFor(in, shape) > workspace_bytes && in.forced_chunk == 0) {
-      return KernelStatus::Refused("PlanGqaDecode: a workspace of " +
-                                   std::to_string(workspace_bytes) +
-                                   " bytes cannot hold even the unsplit plan (" +
-                                   std::to_string(BytesFor(in, shape)) + " bytes)");
-    }
-  }
-  if (KernelStatus st = PlanSplits(in, &plan->split); !st.ok()) return st;
-  plan->layout = LayoutDecodeWorkspace(static_cast<int64_t>(plan->split.items.size()),
-                                       static_cast<int64_t>(plan->split.merges.size()),
-                                       plan->split.slots, shape.num_qo_heads, shape.head_dim);
-  if (plan->layout.total > workspace_bytes) {
-    return KernelStatus::Refused("PlanGqaDecode: the plan needs " +
-                                 std::to_string(plan->layout.total) +
-                                 " bytes of workspace, given " + std::to_string(workspace_bytes));
+  if (KernelStatus st =
+          PlanSplitsInWorkspace("PlanGqaDecode", &in, shape.num_qo_heads, shape.head_dim,
+                                workspace_bytes, &plan->split, &plan->layout);
+      !st.ok()) {
+    return st;
   }
   plan->shape = shape;
   plan->q_type = q_type;

@@ -813,12 +813,6 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   return KernelStatus::Ok();
 }
 
-size_t MlaBytesFor(const SplitPlanInput& in, const MlaDecodeShape& shape) {
-  return LayoutDecodeWorkspace(MaxPlanItems(in), in.batch, MaxPlanSlots(in), shape.num_heads,
-                               kMlaVDim)
-      .total;
-}
-
 }  // namespace
 
 KernelStatus MlaDecodeSupported(const MlaDecodeShape& shape, DType q_type, DType kv_type) {
@@ -846,7 +840,7 @@ size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, DType q_type, DType 
                                int max_seq_len, const MlaDecodeOptions& options) {
   MlaBasis basis;
   if (!MakeMlaBasis(shape, q_type, kv_type, nullptr, max_seq_len, options, &basis).ok()) return 0;
-  return MlaBytesFor(basis.in, shape);
+  return DecodeWorkspaceBytes(basis.in, shape.num_heads, kMlaVDim);
 }
 
 KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_type,
@@ -863,33 +857,11 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   }
   if (workspace == nullptr) return KernelStatus::Refused("PlanMlaDecode: no workspace");
   SplitPlanInput& in = basis.in;
-  if (MlaBytesFor(in, shape) > workspace_bytes) {
-    int lo = 0, hi = in.max_slots;  // largest fitting max_slots
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      in.max_slots = mid;
-      if (MlaBytesFor(in, shape) <= workspace_bytes) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    in.max_slots = lo;
-    if (MlaBytesFor(in, shape) > workspace_bytes && in.forced_chunk == 0) {
-      return KernelStatus::Refused("PlanMlaDecode: a workspace of " +
-                                   std::to_string(workspace_bytes) +
-                                   " bytes cannot hold even the unsplit plan (" +
-                                   std::to_string(MlaBytesFor(in, shape)) + " bytes)");
-    }
-  }
-  if (KernelStatus st = PlanSplits(in, &plan->split); !st.ok()) return st;
-  plan->layout = LayoutDecodeWorkspace(static_cast<int64_t>(plan->split.items.size()),
-                                       static_cast<int64_t>(plan->split.merges.size()),
-                                       plan->split.slots, shape.num_heads, kMlaVDim);
-  if (plan->layout.total > workspace_bytes) {
-    return KernelStatus::Refused("PlanMlaDecode: the plan needs " +
-                                 std::to_string(plan->layout.total) +
-                                 " bytes of workspace, given " + std::to_string(workspace_bytes));
+  if (KernelStatus st =
+          PlanSplitsInWorkspace("PlanMlaDecode", &in, shape.num_heads, kMlaVDim,
+                                workspace_bytes, &plan->split, &plan->layout);
+      !st.ok()) {
+    return st;
   }
   plan->shape = shape;
   plan->q_type = q_type;
