@@ -6,7 +6,8 @@
 //
 // Every time is the median of many runs timed with CUDA events after warm-up; bandwidths count
 // only the bytes a kernel must move (real sequence lengths), and every working set is many
-// times the 50 MB L2. Prints markdown tables; --csv also writes the GQA rows for bench_sdpa.py.
+// times the 50 MB L2. Prints markdown tables; --csv also writes the attention rows (bf16) for
+// bench_sdpa.py, which times PyTorch SDPA on a padded contiguous copy of each.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,7 +26,7 @@
 #include "kernels/block_copy.cuh"
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
-#include "kernels/tuning.h"
+#include "kernels/reference.h"
 
 namespace kvpool::kernels {
 namespace {
@@ -42,7 +43,7 @@ namespace {
 struct Options {
   std::string csv;
   bool quick = false;
-  std::string only;  // "gqa:BS:BATCH:CTX" or "mla:HEADS:DTYPE": just that row (for ncu)
+  std::string only;  // "gqa:QO:KV:BATCH:HI" or "mla:HEADS:KV:BATCH:HI": just that row (ncu)
   int reps = 0;      // overrides the number of timed runs
 };
 
@@ -389,121 +390,152 @@ void BenchCopies(const Options& opt) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GQA decode
+// Attention decode: the serving-shape matrix.
+//
+// Each row names its shape and its lengths: every sequence at `hi`, or (lo < hi) ragged lengths
+// from SeededLengths(batch, lo, hi, seed), the first at hi. The kernels run the plan made from the
+// real lengths; "blind plan" times the same kernels under the plan for every sequence at hi (what
+// a caller without host lengths gets). Bandwidth counts the bytes of the real lengths.
 
-struct GqaConfigRow {
-  int qo, kv, d, bs, batch, ctx;
-  DType kv_type;
-  bool target;       // a row of the issue's target table
-  int warps = 0;     // KernelTuning::gqa_warps for a variant row
-  int schedule = 0;  // KernelTuning::gqa_schedule for a variant row
-  int chunk = 0;     // KernelTuning::gqa_chunk for a sweep row
+enum class Layout { kKvFirst, kBlocksFirst };
+
+struct GqaRow {
+  const char* group;  // "matrix", "full context", "variant"
+  int qo, kv, d, bs, batch, lo, hi;
+  DType kv_type = DType::kBF16;
+  Layout layout = Layout::kKvFirst;
+  GqaDecodeOptions options = {};
+  const char* note = "";
 };
 
-// "2048 x 2, 128 items, one per block, cluster merge": what the launcher did.
-std::string ScheduleNote(const GqaScheduleInfo& g) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "%d x %d, %d items%s%s", g.chunk, g.splits, g.items,
-                g.one_item ? ", one per block" : ", counter",
-                g.splits <= 1 ? "" : (g.cluster ? ", cluster merge" : ", merge kernel"));
+std::vector<int32_t> RowLengths(int batch, int lo, int hi, uint64_t seed) {
+  if (lo >= hi) return std::vector<int32_t>(batch, hi);
+  return SeededLengths(batch, lo, hi, seed);
+}
+
+std::string LensNote(int batch, int lo, int hi) {
+  char buf[64];
+  auto k = [](int v) {
+    char b[16];
+    if (v % 1024 == 0) {
+      std::snprintf(b, sizeof(b), "%dk", v / 1024);
+    } else {
+      std::snprintf(b, sizeof(b), "%d", v);
+    }
+    return std::string(b);
+  };
+  if (lo >= hi) {
+    std::snprintf(buf, sizeof(buf), "%d x %s", batch, k(hi).c_str());
+  } else {
+    std::snprintf(buf, sizeof(buf), "%d x %s-%s", batch, k(lo).c_str(), k(hi).c_str());
+  }
   return buf;
 }
 
-// sweep: instead of the table, the small rows under forced chunks (with and without clusters).
-void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv, bool sweep) {
+const char* KvName(DType t) {
+  return t == DType::kBF16 ? "bf16" : (t == DType::kFP16 ? "fp16" : "e4m3");
+}
+
+std::vector<GqaRow> GqaRows(const Options& opt) {
+  const DType e4 = DType::kFP8E4M3;
+  const Layout bf = Layout::kBlocksFirst;
+  std::vector<GqaRow> rows = {
+      // The issue's matrix.
+      {"matrix", 8, 1, 128, 16, 128, 512, 8192},
+      {"matrix", 32, 8, 128, 16, 1, 131072, 131072},
+      {"matrix", 32, 8, 128, 16, 64, 128, 16384},
+      {"matrix", 32, 8, 128, 16, 8, 32768, 32768},
+      {"matrix", 28, 4, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 7"},
+      {"matrix", 7, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 7"},
+      {"matrix", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 16"},
+      {"matrix", 48, 3, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "group 16"},
+      {"matrix", 16, 2, 128, 16, 64, 512, 8192},
+      {"matrix", 32, 4, 128, 16, 64, 512, 8192},
+      {"matrix", 32, 8, 64, 16, 64, 128, 16384},
+      {"matrix", 16, 4, 256, 16, 32, 128, 16384},
+      {"matrix", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, bf, {}, "blocks-first"},
+      {"matrix", 32, 8, 128, 64, 64, 128, 16384, DType::kBF16, bf, {}, "blocks-first"},
+      {"matrix", 32, 8, 128, 16, 64, 128, 16384, e4, Layout::kKvFirst, {}, "e4m3 bytes"},
+      {"matrix", 8, 1, 128, 16, 1, 131072, 131072},
+      // The previous table: 64/8 heads, every sequence at full context.
+      {"full context", 64, 8, 128, 16, 32, 4096, 4096},
+      {"full context", 64, 8, 128, 16, 128, 4096, 4096},
+      {"full context", 64, 8, 128, 16, 32, 32768, 32768},
+      {"full context", 64, 8, 128, 64, 64, 8192, 8192},
+      {"full context", 64, 8, 128, 16, 128, 32768, 32768},
+  };
+  GqaDecodeOptions eight;
+  eight.warps = 8;
+  rows.push_back({"variant", 64, 8, 128, 16, 128, 4096, 4096, DType::kBF16, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
+  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
+  GqaDecodeOptions four, one;
+  four.warps = 4;
+  one.warps = 1;
+  rows.push_back({"variant", 48, 3, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, four,
+                  "4 warps per block"});
+  rows.push_back({"variant", 28, 4, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, one,
+                  "1 warp per block"});
+  rows.push_back({"variant", 16, 2, 128, 16, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, one,
+                  "1 warp per block"});
+  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, one,
+                  "1 warp per block"});
+  GqaDecodeOptions rows8;
+  rows8.rows8 = true;
+  rows.push_back({"variant", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, rows8,
+                  "8 query heads per warp"});
+  if (opt.quick) rows.resize(6);
+  return rows;
+}
+
+void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::vector<GqaConfigRow> rows;
-  if (sweep) {
-    for (const auto& [batch, ctx] :
-         {std::pair{32, 4096}, std::pair{32, 8192}, std::pair{64, 4096}, std::pair{128, 4096}}) {
-      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 0, 0});
-      for (int chunk : {256, 512, 1024, 2048, 4096}) {
-        if (chunk > ctx) continue;
-        rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 0, 0, chunk});
-        rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 0, 2, chunk});
-      }
-      rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8, 0});
-    }
-  } else {
-    for (int bs : {16, 64}) {
-      for (int batch : {32, 64, 128}) {
-        for (int ctx : {4096, 8192, 16384, 32768}) {
-          if (opt.quick && (batch == 64 || ctx == 8192 || ctx == 16384)) continue;
-          rows.push_back({64, 8, 128, bs, batch, ctx, DType::kBF16, true});
-        }
-      }
-    }
-    // Extra shapes, each followed by the previous schedule on it.
-    for (const GqaConfigRow& x : {GqaConfigRow{32, 8, 128, 16, 64, 8192, DType::kBF16, false},
-                                  GqaConfigRow{64, 8, 128, 16, 64, 8192, DType::kFP8E4M3, false},
-                                  GqaConfigRow{64, 8, 128, 16, 64, 8192, DType::kFP16, false},
-                                  GqaConfigRow{32, 8, 64, 32, 64, 8192, DType::kBF16, false},
-                                  GqaConfigRow{32, 8, 256, 32, 64, 8192, DType::kBF16, false},
-                                  GqaConfigRow{64, 8, 128, 16, 4, 32768, DType::kBF16, false}}) {
-      rows.push_back(x);
-      GqaConfigRow previous = x;
-      previous.schedule = 1;
-      rows.push_back(previous);
-    }
-    // Variant: 8 kv heads per block (one block per SM) instead of 4.
-    for (int batch : {32, 128}) {
-      for (int ctx : {4096, 32768})
-        rows.push_back({64, 8, 128, 16, batch, ctx, DType::kBF16, false, 8});
-    }
-    // Variant: the planned schedule without clusters, on the rows where it splits sequences.
-    for (int bs : {16, 64}) {
-      for (int ctx : {4096, 8192})
-        rows.push_back({64, 8, 128, bs, 32, ctx, DType::kBF16, false, 0, 2});
-    }
-    // Variant: the previous schedule (about four items per resident block), every target row.
-    for (int bs : {16, 64}) {
-      for (int batch : {32, 64, 128}) {
-        for (int ctx : {4096, 8192, 16384, 32768}) {
-          if (opt.quick && (batch == 64 || ctx == 8192 || ctx == 16384)) continue;
-          rows.push_back({64, 8, 128, bs, batch, ctx, DType::kBF16, false, 0, 1});
-        }
-      }
-    }
-  }
-
-  // One pool big enough for the largest row, K/V-first layout over all of it.
-  const int64_t max_tokens = int64_t{128} * 32768;
-  const int64_t pool_elems_per_kv = max_tokens * 8 * 128;  // tokens * kv_heads * d (max)
+  const std::vector<GqaRow> rows = GqaRows(opt);
+  const int64_t pool_bytes = int64_t{18} << 30;  // 128 x 32k tokens of 8 x 128 bf16 K and V
   void* pool;
-  CUDA_OK(cudaMalloc(&pool, 2 * pool_elems_per_kv * 2));
+  CUDA_OK(cudaMalloc(&pool, pool_bytes));
   int filled = -1;  // FillKernel kind the pool holds
   std::mt19937_64 rng(8);
 
-  std::printf("\n### GQA decode (paged, K/V-first layout, all sequences at full context)\n\n");
   std::printf(
-      "| heads q/kv | d | kv | block | batch | context | median us | TB/s | vs read "
-      "ceiling | schedule |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-      "|\n");
-  for (const GqaConfigRow& r : rows) {
+      "\n### GQA decode: serving-shape matrix (paged; lengths: batch x hi, or ragged "
+      "lo-hi from SeededLengths(seed 1))\n\n");
+  std::printf(
+      "| rows | heads q/kv | d | kv | layout | block | lengths | median us | TB/s | vs read "
+      "ceiling | blind plan us | plan |\n| --- | ---: | ---: | --- | --- | ---: | --- | ---: | "
+      "---: | ---: | ---: | --- |\n");
+  for (const GqaRow& r : rows) {
     if (!opt.only.empty()) {
       char want[64];
-      std::snprintf(want, sizeof(want), "gqa:%d:%d:%d", r.bs, r.batch, r.ctx);
-      if (opt.only != want || r.kv_type != DType::kBF16 || r.qo != 64 || r.d != 128) continue;
+      std::snprintf(want, sizeof(want), "gqa:%d:%d:%d:%d", r.qo, r.kv, r.batch, r.hi);
+      if (opt.only != want) continue;
     }
     const int eb = DTypeBytes(r.kv_type);
-    const int64_t num_blocks = pool_elems_per_kv * 2 / eb / (int64_t{r.bs} * r.kv * r.d);
-    const PagedKvLayout layout = PagedKvLayout::KvFirst(num_blocks, r.bs, r.kv, r.d);
-    const int bps = r.ctx / r.bs;
+    const int64_t block_elems = int64_t{2} * r.bs * r.kv * r.d;  // K and V of one block
+    const int64_t num_blocks = pool_bytes / eb / block_elems;
+    const PagedKvLayout layout = r.layout == Layout::kKvFirst
+                                     ? PagedKvLayout::KvFirst(num_blocks, r.bs, r.kv, r.d)
+                                     : PagedKvLayout::BlocksFirst(r.bs, r.kv, r.d);
+    const std::vector<int32_t> lens = RowLengths(r.batch, r.lo, r.hi, 1);
+    const int bps = (r.hi + r.bs - 1) / r.bs;
     const int64_t needed = int64_t{r.batch} * bps;
-    if (needed > num_blocks) continue;
+    if (needed > num_blocks) {
+      std::printf("| %s | %d/%d | (skipped: pool too small) |\n", r.group, r.qo, r.kv);
+      continue;
+    }
     const int kind = r.kv_type == DType::kBF16 ? 0 : (r.kv_type == DType::kFP16 ? 1 : 2);
     if (kind != filled) {
-      Fill(pool, 2 * pool_elems_per_kv * 2, 9 + kind, kind);
+      Fill(pool, pool_bytes, 9 + kind, kind);
       filled = kind;
     }
     std::vector<int32_t> ids(num_blocks);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);
     ids.resize(needed);
-    std::vector<int32_t> lens(r.batch, r.ctx);
     int32_t *d_table, *d_lens;
-    void *q, *o, *ws;
+    void *q, *o, *ws, *ws_blind;
     float* lse;
     const DType q_type = r.kv_type == DType::kFP16 ? DType::kFP16 : DType::kBF16;
     CUDA_OK(cudaMalloc(&d_table, needed * 4));
@@ -512,46 +544,56 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv, bool sweep) {
     CUDA_OK(cudaMalloc(&o, size_t{2} * r.batch * r.qo * r.d));
     CUDA_OK(cudaMalloc(&lse, size_t{4} * r.batch * r.qo));
     const GqaDecodeShape shape{r.batch, r.qo, r.kv, r.d, r.bs, bps};
-    size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, q_type, r.kv_type, r.ctx);
-    if (r.chunk > 0) {  // room for the forced chunk's splits
-      const size_t splits = (r.ctx + r.chunk - 1) / r.chunk;
-      ws_bytes = std::max(ws_bytes, 256 + size_t{4} * r.batch * r.qo * (r.d + 1) * splits);
+    const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, q_type, r.kv_type, r.hi, r.options);
+    if (ws_bytes == 0) {
+      std::printf("| %s | %d/%d | refused: %s |\n", r.group, r.qo, r.kv,
+                  GqaDecodeSupported(shape, q_type, r.kv_type).reason.c_str());
+      continue;
     }
     CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMalloc(&ws_blind, ws_bytes));
     CUDA_OK(cudaMemcpy(d_table, ids.data(), needed * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_lens, lens.data(), r.batch * 4, cudaMemcpyHostToDevice));
     Fill(q, size_t{2} * r.batch * r.qo * r.d, 10, q_type == DType::kFP16 ? 1 : 0);
     const AttentionScales scales{1.0f / std::sqrt(static_cast<float>(r.d)), 1.0f, 1.0f};
-    KernelTuning tuning;
-    tuning.gqa_warps = r.warps;
-    tuning.gqa_schedule = r.schedule;
-    tuning.gqa_chunk = r.chunk;
-    SetKernelTuning(tuning);
-    auto run = [&] {
-      CUDA_OK(GqaDecode(q, q_type, pool, r.kv_type, layout, d_table, d_lens, r.ctx, shape, scales,
-                        o, lse, ws, ws_bytes, s));
+    GqaDecodePlan plan, blind;
+    KernelStatus st = PlanGqaDecode(shape, q_type, r.kv_type, lens.data(), r.hi, ws, ws_bytes, s,
+                                    &plan, r.options);
+    GqaDecodeOptions blind_options = r.options;
+    blind_options.uniform = true;
+    if (st.ok()) {
+      st = PlanGqaDecode(shape, q_type, r.kv_type, lens.data(), r.hi, ws_blind, ws_bytes, s, &blind,
+                         blind_options);
+    }
+    if (!st.ok()) {
+      std::printf("| %s | %d/%d | plan refused: %s |\n", r.group, r.qo, r.kv, st.reason.c_str());
+      continue;
+    }
+    auto run = [&](const GqaDecodePlan& pl) {
+      const KernelStatus rs = RunGqaDecode(pl, q, pool, layout, d_table, d_lens, scales, o, lse, s);
+      if (!rs.ok()) {
+        std::fprintf(stderr, "RunGqaDecode: %s\n", rs.reason.c_str());
+        std::exit(1);
+      }
     };
-    const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
-    SetKernelTuning(KernelTuning{});
-    const std::string sched = ScheduleNote(LastGqaSchedule());
-    const double bytes = double{1} * r.batch * r.ctx * r.kv * r.d * 2 * eb +     // K and V
+    const double ms = MedianMs([&] { run(plan); }, s, 3, Reps(opt, 30, 10));
+    const double blind_ms = MedianMs([&] { run(blind); }, s, 3, Reps(opt, 20, 5));
+    double tokens = 0;
+    for (int32_t l : lens) tokens += l;
+    const double bytes = tokens * r.kv * r.d * 2 * eb +                          // K and V
                          2.0 * r.batch * r.qo * r.d * 2 + 4.0 * r.batch * r.qo;  // q, o, lse
     const double tbs = bytes / (ms * 1e-3) / 1e12;
-    std::printf("| %d/%d | %d | %s | %d | %d | %d | %.1f | %.2f | %.2fx%s | %s |\n", r.qo, r.kv,
-                r.d,
-                r.kv_type == DType::kBF16 ? "bf16" : (r.kv_type == DType::kFP16 ? "fp16" : "e4m3"),
-                r.bs, r.batch, r.ctx, ms * 1e3, tbs, tbs / ceil.read_tbs,
-                r.warps == 8                      ? " (variant: 8 kv heads per block)"
-                : r.schedule == 1                 ? " (variant: previous schedule)"
-                : r.schedule == 2 && r.chunk == 0 ? " (variant: no clusters)"
-                : r.chunk > 0 ? (r.schedule == 2 ? " (sweep, no clusters)" : " (sweep)")
-                : r.target    ? ""
-                              : " (extra)",
-                sched.c_str());
+    const std::string lens_note = LensNote(r.batch, r.lo, r.hi);
+    std::printf("| %s%s%s | %d/%d | %d | %s | %s | %d | %s | %.1f | %.2f | %.2fx | %.1f | %s |\n",
+                r.group, *r.note ? ", " : "", r.note, r.qo, r.kv, r.d, KvName(r.kv_type),
+                r.layout == Layout::kKvFirst ? "K/V-first" : "blocks-first", r.bs,
+                lens_note.c_str(), ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
+                DescribePlan(plan.split).c_str());
     std::fflush(stdout);
-    if (csv != nullptr && r.target) {
-      std::fprintf(csv, "gqa,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.qo, r.kv, r.d, r.bs, r.batch,
-                   r.ctx, ms, bytes, ceil.read_tbs);
+    if (csv != nullptr && r.kv_type == DType::kBF16) {
+      std::fprintf(csv, "gqa,%s%s%s,%d,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.group,
+                   *r.note ? " " : "", r.note, r.qo, r.kv, r.d, r.bs, r.batch, r.lo, r.hi, ms,
+                   bytes, ceil.read_tbs);
     }
     CUDA_OK(cudaFree(d_table));
     CUDA_OK(cudaFree(d_lens));
@@ -559,91 +601,146 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv, bool sweep) {
     CUDA_OK(cudaFree(o));
     CUDA_OK(cudaFree(lse));
     CUDA_OK(cudaFree(ws));
+    CUDA_OK(cudaFree(ws_blind));
   }
   CUDA_OK(cudaFree(pool));
   CUDA_OK(cudaStreamDestroy(s));
 }
 
-// ---------------------------------------------------------------------------------------------
-// MLA decode
+struct MlaRow {
+  const char* group;
+  int heads, batch, lo, hi;
+  DType kv_type = DType::kBF16;
+  MlaDecodeOptions options = {};
+  const char* note = "";
+};
 
-void BenchMla(const Options& opt, const Ceiling& ceil) {
+void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const int batch = 128, ctx = 8192, bs = 64;
-  const int bps = ctx / bs;
-  const int64_t num_blocks = int64_t{batch} * bps * 2;  // room to shuffle
+  const DType e4 = DType::kFP8E4M3;
+  MlaDecodeOptions by16, rows_copy;
+  by16.heads_per_block = 16;
+  rows_copy.row_copies = true;
+  std::vector<MlaRow> rows = {
+      {"matrix", 128, 16, 8192, 8192},
+      {"matrix", 128, 16, 8192, 8192, e4},
+      {"matrix", 64, 16, 8192, 8192},
+      {"matrix", 16, 1, 65536, 65536},
+      {"matrix", 16, 1, 65536, 65536, e4},
+      {"matrix", 16, 64, 1024, 16384},
+      {"matrix", 16, 64, 1024, 16384, e4},
+      {"matrix", 32, 32, 1024, 16384},
+      {"matrix", 128, 1, 32768, 32768},
+      {"full context", 16, 128, 8192, 8192},
+      {"full context", 32, 128, 8192, 8192},
+      {"full context", 16, 128, 8192, 8192, e4},
+      {"full context", 32, 128, 8192, 8192, e4},
+      {"variant", 32, 128, 8192, 8192, DType::kBF16, by16, "16 heads per block"},
+      {"variant", 32, 128, 8192, 8192, DType::kBF16, rows_copy, "one bulk copy per row"},
+  };
+  if (opt.quick) rows.resize(6);
+  const int bs = 64;
+  const int64_t max_tokens = int64_t{128} * 8192;
+  const int64_t num_blocks = max_tokens / bs * 2;  // room to shuffle
   const size_t pool_bytes = size_t{1} * num_blocks * bs * kMlaKDim * 2;
   void* pool;
   CUDA_OK(cudaMalloc(&pool, pool_bytes));
+  int filled = -1;
   std::mt19937_64 rng(9);
-  std::printf("\n### MLA decode (batch %d, context %d, block %d, latent 512 + rope 64)\n\n", batch,
-              ctx, bs);
   std::printf(
-      "| heads | kv | median us | TB/s | vs read ceiling |\n| ---: | --- | ---: | ---: | "
-      "---: |\n");
-  for (DType kv_type : {DType::kBF16, DType::kFP8E4M3}) {
-    Fill(pool, pool_bytes, 11, kv_type == DType::kBF16 ? 0 : 2);
-    struct Row {
-      int heads, variant;  // KernelTuning::mla_variant
-    };
-    for (const Row& row : {Row{16, 0}, Row{32, 0}, Row{64, 0}, Row{128, 0}, Row{16, 1}, Row{32, 1},
-                           Row{32, 3}, Row{16, 4}, Row{32, 4}}) {
-      const int heads = row.heads;
-      if (row.variant != 0 && !opt.only.empty()) continue;
-      const char* kv_name = kv_type == DType::kBF16 ? "bf16" : "e4m3";
-      if (!opt.only.empty()) {
-        char want[64];
-        std::snprintf(want, sizeof(want), "mla:%d:%s", heads, kv_name);
-        if (opt.only != want) continue;
-      }
-      const int eb = DTypeBytes(kv_type);
-      std::vector<int32_t> ids(num_blocks * 2 / eb);
-      std::iota(ids.begin(), ids.end(), 0);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      ids.resize(int64_t{batch} * bps);
-      std::vector<int32_t> lens(batch, ctx);
-      int32_t *d_table, *d_lens;
-      void *q, *o, *ws;
-      float* lse;
-      CUDA_OK(cudaMalloc(&d_table, ids.size() * 4));
-      CUDA_OK(cudaMalloc(&d_lens, batch * 4));
-      CUDA_OK(cudaMalloc(&q, size_t{2} * batch * heads * kMlaKDim));
-      CUDA_OK(cudaMalloc(&o, size_t{2} * batch * heads * kMlaVDim));
-      CUDA_OK(cudaMalloc(&lse, size_t{4} * batch * heads));
-      const MlaDecodeShape shape{batch, heads, bs, bps, int64_t{bs} * kMlaKDim};
-      const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, DType::kBF16, kv_type, ctx);
-      CUDA_OK(cudaMalloc(&ws, ws_bytes));
-      CUDA_OK(cudaMemcpy(d_table, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
-      Fill(q, size_t{2} * batch * heads * kMlaKDim, 12, 0);
-      const AttentionScales scales{1.0f / std::sqrt(192.0f), 1.0f, 1.0f};
-      auto run = [&] {
-        CUDA_OK(MlaDecode(q, DType::kBF16, pool, kv_type, d_table, d_lens, ctx, shape, scales, o,
-                          lse, ws, ws_bytes, s));
-      };
-      KernelTuning tuning;
-      tuning.mla_variant = row.variant;
-      SetKernelTuning(tuning);
-      const double ms = MedianMs(run, s, 3, Reps(opt, 30, 10));
-      SetKernelTuning(KernelTuning{});
-      const double bytes = double{1} * batch * ctx * kMlaKDim * eb +
-                           2.0 * batch * heads * (kMlaKDim + kMlaVDim) + 4.0 * batch * heads;
-      const double tbs = bytes / (ms * 1e-3) / 1e12;
-      const char* note = row.variant == 1   ? " (variant: previous kernel)"
-                         : row.variant == 3 ? " (variant: 16 heads per block)"
-                         : row.variant == 4 ? " (variant: one bulk copy per row)"
-                                            : "";
-      std::printf("| %d | %s | %.1f | %.2f | %.2fx%s |\n", heads, kv_name, ms * 1e3, tbs,
-                  tbs / ceil.read_tbs, note);
-      std::fflush(stdout);
-      CUDA_OK(cudaFree(d_table));
-      CUDA_OK(cudaFree(d_lens));
-      CUDA_OK(cudaFree(q));
-      CUDA_OK(cudaFree(o));
-      CUDA_OK(cudaFree(lse));
-      CUDA_OK(cudaFree(ws));
+      "\n### MLA decode: serving-shape matrix (block %d, latent 512 + rope 64; ragged "
+      "lengths from SeededLengths(seed 1))\n\n",
+      bs);
+  std::printf(
+      "| rows | heads | kv | lengths | median us | TB/s | vs read ceiling | blind plan us | plan "
+      "|\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+  for (const MlaRow& row : rows) {
+    if (!opt.only.empty()) {
+      char want[64];
+      std::snprintf(want, sizeof(want), "mla:%d:%s:%d:%d", row.heads, KvName(row.kv_type),
+                    row.batch, row.hi);
+      if (opt.only != want) continue;
     }
+    const int kind = row.kv_type == DType::kBF16 ? 0 : 2;
+    if (kind != filled) {
+      Fill(pool, pool_bytes, 11, kind);
+      filled = kind;
+    }
+    const int eb = DTypeBytes(row.kv_type);
+    const std::vector<int32_t> lens = RowLengths(row.batch, row.lo, row.hi, 1);
+    const int bps = (row.hi + bs - 1) / bs;
+    std::vector<int32_t> ids(num_blocks * 2 / eb);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(int64_t{row.batch} * bps);
+    int32_t *d_table, *d_lens;
+    void *q, *o, *ws, *ws_blind;
+    float* lse;
+    CUDA_OK(cudaMalloc(&d_table, ids.size() * 4));
+    CUDA_OK(cudaMalloc(&d_lens, row.batch * 4));
+    CUDA_OK(cudaMalloc(&q, size_t{2} * row.batch * row.heads * kMlaKDim));
+    CUDA_OK(cudaMalloc(&o, size_t{2} * row.batch * row.heads * kMlaVDim));
+    CUDA_OK(cudaMalloc(&lse, size_t{4} * row.batch * row.heads));
+    const MlaDecodeShape shape{row.batch, row.heads, bs, bps, int64_t{bs} * kMlaKDim};
+    const size_t ws_bytes =
+        MlaDecodeWorkspaceBytes(shape, DType::kBF16, row.kv_type, row.hi, row.options);
+    if (ws_bytes == 0) {
+      std::printf("| %s | %d | refused: %s |\n", row.group, row.heads,
+                  MlaDecodeSupported(shape, DType::kBF16, row.kv_type).reason.c_str());
+      continue;
+    }
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMalloc(&ws_blind, ws_bytes));
+    CUDA_OK(cudaMemcpy(d_table, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_lens, lens.data(), row.batch * 4, cudaMemcpyHostToDevice));
+    Fill(q, size_t{2} * row.batch * row.heads * kMlaKDim, 12, 0);
+    const AttentionScales scales{1.0f / std::sqrt(192.0f), 1.0f, 1.0f};
+    MlaDecodePlan plan, blind;
+    KernelStatus st = PlanMlaDecode(shape, DType::kBF16, row.kv_type, lens.data(), row.hi, ws,
+                                    ws_bytes, s, &plan, row.options);
+    MlaDecodeOptions blind_options = row.options;
+    blind_options.uniform = true;
+    if (st.ok()) {
+      st = PlanMlaDecode(shape, DType::kBF16, row.kv_type, lens.data(), row.hi, ws_blind, ws_bytes,
+                         s, &blind, blind_options);
+    }
+    if (!st.ok()) {
+      std::printf("| %s | %d | plan refused: %s |\n", row.group, row.heads, st.reason.c_str());
+      continue;
+    }
+    auto run = [&](const MlaDecodePlan& pl) {
+      const KernelStatus rs = RunMlaDecode(pl, q, pool, d_table, d_lens, scales, o, lse, s);
+      if (!rs.ok()) {
+        std::fprintf(stderr, "RunMlaDecode: %s\n", rs.reason.c_str());
+        std::exit(1);
+      }
+    };
+    const double ms = MedianMs([&] { run(plan); }, s, 3, Reps(opt, 30, 10));
+    const double blind_ms = MedianMs([&] { run(blind); }, s, 3, Reps(opt, 20, 5));
+    double tokens = 0;
+    for (int32_t l : lens) tokens += l;
+    const double bytes = tokens * kMlaKDim * eb +
+                         2.0 * row.batch * row.heads * (kMlaKDim + kMlaVDim) +
+                         4.0 * row.batch * row.heads;
+    const double tbs = bytes / (ms * 1e-3) / 1e12;
+    const std::string lens_note = LensNote(row.batch, row.lo, row.hi);
+    std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.1f | %s |\n", row.group,
+                *row.note ? ", " : "", row.note, row.heads, KvName(row.kv_type), lens_note.c_str(),
+                ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
+                DescribePlan(plan.split).c_str());
+    std::fflush(stdout);
+    if (csv != nullptr && row.kv_type == DType::kBF16 && *row.note == 0) {
+      std::fprintf(csv, "mla,%s,%d,1,576,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", row.group, row.heads, bs,
+                   row.batch, row.lo, row.hi, ms, bytes, ceil.read_tbs);
+    }
+    CUDA_OK(cudaFree(d_table));
+    CUDA_OK(cudaFree(d_lens));
+    CUDA_OK(cudaFree(q));
+    CUDA_OK(cudaFree(o));
+    CUDA_OK(cudaFree(lse));
+    CUDA_OK(cudaFree(ws));
+    CUDA_OK(cudaFree(ws_blind));
   }
   CUDA_OK(cudaFree(pool));
   CUDA_OK(cudaStreamDestroy(s));
@@ -669,11 +766,10 @@ int main(int argc, char** argv) {
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla,gqa-sweep] [--only ROW] "
-          "[--reps N]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] "
+                   "[--reps N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -694,14 +790,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", opt.csv.c_str());
     return 1;
   }
-  if (csv != nullptr) std::fprintf(csv, "kind,qo,kv,d,bs,batch,ctx,ms,bytes,read_tbs\n");
+  if (csv != nullptr) {
+    std::fprintf(csv, "kind,rows,qo,kv,d,bs,batch,lo,hi,ms,bytes,read_tbs\n");
+  }
   Ceiling ceil;
   ceil.read_tbs = 4.6;  // placeholder when only one row is profiled
   if (opt.only.empty()) ceil = MeasureReadCeiling(nullptr, opt);
   if (sections.find("copy") != std::string::npos) BenchCopies(opt);
-  if (("," + sections + ",").find(",gqa,") != std::string::npos) BenchGqa(opt, ceil, csv, false);
-  if (sections.find("gqa-sweep") != std::string::npos) BenchGqa(opt, ceil, nullptr, true);
-  if (sections.find("mla") != std::string::npos) BenchMla(opt, ceil);
+  if (sections.find("gqa") != std::string::npos) BenchGqa(opt, ceil, csv);
+  if (sections.find("mla") != std::string::npos) BenchMla(opt, ceil, csv);
   if (csv != nullptr) std::fclose(csv);
   return 0;
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Times PyTorch SDPA on the GQA decode rows of kvpool-kernels-bench and prints them side by side.
+"""Times PyTorch SDPA on the attention rows of kvpool-kernels-bench and prints them side by side.
 
-For each row of the bench's CSV (64/8 heads, d128, bf16): SDPA over a contiguous copy of the
-same cache, q (batch, 64, 1, 128), k/v (batch, 8, context, 128), enable_gqa=True, with each SDPA
-backend that accepts it; CUDA events, warm-up, median of many runs. The best backend is the one
-compared against.
+For each row of the bench's CSV (bf16): SDPA over a padded contiguous copy of the same cache
+(every sequence padded to the row's longest, as a caller without paged attention would hold it),
+CUDA events, warm-up, median of many runs, with each SDPA backend that accepts the shape, in two
+forms: GQA as enable_gqa=True over q (batch, qo, 1, d), and with each kv head's query group as
+query rows, q (batch, kv, group, d); MLA as the heads as query rows over the one latent head,
+q (batch, 1, heads, 576), k (batch, 1, len, 576), v (batch, 1, len, 512). The best is compared.
 
     python3 kernels/bench_sdpa.py BENCH_CSV
 """
@@ -41,54 +43,69 @@ def median_ms(fn, warmup=3, reps=20):
     return statistics.median(times)
 
 
+def try_all(forms):
+    """forms: {name: fn}; returns {form/backend: ms or None}. The math backend (scores in
+    memory) only where no other backend accepts the shape."""
+    timings = {}
+    for form, fn in forms.items():
+        for name, backend in BACKENDS.items():
+            if name == "math" and any(t is not None for t in timings.values()):
+                continue
+            key = "%s/%s" % (form, name)
+            try:
+                with sdpa_kernel([backend]):
+                    fn()
+                    torch.cuda.synchronize()
+                    timings[key] = median_ms(fn)
+            except Exception:  # backend refuses the shape, or out of memory
+                timings[key] = None
+                torch.cuda.empty_cache()
+    return timings
+
+
 def main():
     warnings.filterwarnings("ignore")  # backends that refuse a shape say so; we report n/a
-    rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["kind"] == "gqa"]
+    rows = list(csv.DictReader(open(sys.argv[1])))
     torch.manual_seed(0)
-    print("\n### GQA decode vs PyTorch SDPA (torch %s) over a contiguous copy of the cache\n"
+    print("\n### Attention decode vs PyTorch SDPA (torch %s) over a padded contiguous copy\n"
           % torch.__version__)
-    print("| block | batch | context | kvpool us | SDPA us (best backend) | SDPA TB/s | "
-          "kvpool / SDPA speed | backends tried (us) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    tensors, timings_by_key = None, {}
+    print("| kind | rows | heads | d | batch | lengths lo-hi | kvpool us | SDPA us (best) | "
+          "kvpool / SDPA speed | best form/backend |")
+    print("| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | --- |")
     for r in rows:
-        qo, kv, d, bs, batch, ctx = (int(r[k]) for k in ("qo", "kv", "d", "bs", "batch", "ctx"))
+        kind = r["kind"]
+        qo, kv, d, batch, lo, hi = (int(r[k]) for k in ("qo", "kv", "d", "batch", "lo", "hi"))
         ours_ms = float(r["ms"])
-        nbytes = float(r["bytes"])
-        key = (batch, ctx)
-        if key not in timings_by_key:
-            tensors = None
-            torch.cuda.empty_cache()
-            k = torch.randn(batch, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
-            v = torch.randn(batch, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
+        torch.cuda.empty_cache()
+        if kind == "gqa":
+            group = qo // kv
+            k = torch.randn(batch, kv, hi, d, dtype=torch.bfloat16, device="cuda")
+            v = torch.randn(batch, kv, hi, d, dtype=torch.bfloat16, device="cuda")
             q = torch.randn(batch, qo, 1, d, dtype=torch.bfloat16, device="cuda")
-            tensors = (q, k, v)
-            timings = {}
-            for name, backend in BACKENDS.items():
-                if name == "math" and batch * ctx > 64 * 8192:
-                    continue  # materializes the scores; far slower and memory hungry
-                try:
-                    with sdpa_kernel([backend]):
-                        fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                        fn()
-                        torch.cuda.synchronize()
-                        timings[name] = median_ms(fn)
-                except Exception as e:  # backend does not support this shape
-                    timings[name] = None
-            timings_by_key[key] = timings
-            del q, k, v
-            tensors = None
-        timings = timings_by_key[key]
+            qg = q.view(batch, kv, group, d)
+            forms = {
+                "enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                "group-rows": lambda: F.scaled_dot_product_attention(qg, k, v),
+            }
+        else:
+            k = torch.randn(batch, 1, hi, 576, dtype=torch.bfloat16, device="cuda")
+            v = k[..., :512]
+            q = torch.randn(batch, 1, qo, 576, dtype=torch.bfloat16, device="cuda")
+            vc = v.contiguous()
+            forms = {"heads-rows": lambda: F.scaled_dot_product_attention(q, k, vc)}
+        timings = try_all(forms)
+        del k, v, q
         ok = {n: t for n, t in timings.items() if t is not None}
-        tried = ", ".join("%s %s" % (n, "%.0f" % (t * 1e3) if t is not None else "n/a")
-                          for n, t in timings.items())
+        heads = "%d/%d" % (qo, kv) if kind == "gqa" else str(qo)
         if not ok:
-            print("| %d | %d | %d | %.1f | n/a | n/a | n/a | %s |" % (bs, batch, ctx, ours_ms * 1e3, tried))
+            print("| %s | %s | %s | %d | %d | %d-%d | %.1f | n/a | n/a | none accepted |"
+                  % (kind, r["rows"], heads, d, batch, lo, hi, ours_ms * 1e3))
             continue
-        best = min(ok.values())
-        print("| %d | %d | %d | %.1f | %.1f | %.2f | %.2fx | %s |" % (
-            bs, batch, ctx, ours_ms * 1e3, best * 1e3, nbytes / (best * 1e-3) / 1e12,
-            best / ours_ms, tried))
+        best_name = min(ok, key=ok.get)
+        best = ok[best_name]
+        print("| %s | %s | %s | %d | %d | %d-%d | %.1f | %.1f | %.2fx | %s |" % (
+            kind, r["rows"], heads, d, batch, lo, hi, ours_ms * 1e3, best * 1e3, best / ours_ms,
+            best_name))
         sys.stdout.flush()
 
 

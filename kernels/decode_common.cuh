@@ -1,7 +1,7 @@
 #pragma once
 
-// Split-K ("flash decoding") plumbing shared by the GQA and MLA decode kernels: the workspace
-// layout, the choice of the split size, and the kernel that merges partial results. Internal.
+// Split-K ("flash decoding") plumbing shared by the GQA and MLA decode kernels: the device view
+// of a plan's workspace, its upload, and the kernel that merges partial results. Internal.
 
 #include <cuda_runtime.h>
 
@@ -10,108 +10,191 @@
 #include <cstdint>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/decode_plan.h"
 
 namespace kvpool::kernels::detail {
 
-// Workspace: [work counter, 256 B][partial lse: batch * max_splits * heads floats]
-//            [partial o: batch * max_splits * heads * dim floats]
-// A partial is written only for sequences split into more than one chunk.
-struct SplitWorkspace {
-  int* counter = nullptr;
-  float* part_lse = nullptr;  // [batch, max_splits, heads], natural log
-  float* part_o = nullptr;    // [batch, max_splits, heads, dim], already divided by its sum
+// Device view of the workspace a plan was written into (decode_plan.h's DecodeWorkspaceLayout).
+struct PlanWorkspace {
+  int* counter = nullptr;                   // the work counter (reset before a counter launch)
+  const DecodeWorkItem* items = nullptr;    // the plan's items, in the order blocks take them
+  const DecodeMergeItem* merges = nullptr;  // split sequences
+  float* part_lse = nullptr;                // [slots, heads], natural log
+  float* part_o = nullptr;                  // [slots, heads, dim], already divided by its sum
 };
 
-constexpr size_t kCounterBytes = 256;
-
-inline size_t SplitWorkspaceBytes(int batch, int max_splits, int heads, int dim) {
-  if (max_splits <= 1) return kCounterBytes;
-  return kCounterBytes + size_t{4} * batch * max_splits * heads * (size_t{1} + dim);
-}
-
-inline SplitWorkspace CarveSplitWorkspace(void* base, int batch, int max_splits, int heads) {
-  SplitWorkspace w;
+inline PlanWorkspace CarvePlanWorkspace(void* base, const DecodeWorkspaceLayout& l) {
+  PlanWorkspace w;
   auto* p = static_cast<uint8_t*>(base);
   w.counter = reinterpret_cast<int*>(p);
-  w.part_lse = reinterpret_cast<float*>(p + kCounterBytes);
-  w.part_o = w.part_lse + size_t{1} * batch * max_splits * heads;
+  w.items = reinterpret_cast<const DecodeWorkItem*>(p + l.items);
+  w.merges = reinterpret_cast<const DecodeMergeItem*>(p + l.merges);
+  w.part_lse = reinterpret_cast<float*>(p + l.part_lse);
+  w.part_o = reinterpret_cast<float*>(p + l.part_o);
   return w;
 }
 
-// Tokens per work item (a multiple of `granule`): about `waves` items per resident CTA over the
-// whole request, at least min_chunk, and no more splits per sequence than `max_splits_cap`.
-inline int ChooseChunk(int64_t units, int max_seq_len, int resident_ctas, int granule,
-                       int min_chunk, int waves, int max_splits_cap) {
-  const int64_t target_items = int64_t{resident_ctas} * waves;
-  // units = independent (sequence, head group) pairs; each contributes len / chunk items.
-  int64_t chunk = (units * max_seq_len + target_items - 1) / std::max<int64_t>(target_items, 1);
-  chunk = std::max<int64_t>(chunk, min_chunk);
-  if (max_splits_cap >= 1) {
-    chunk = std::max<int64_t>(chunk, (max_seq_len + max_splits_cap - 1) / max_splits_cap);
-  }
-  chunk = (chunk + granule - 1) / granule * granule;
-  const int64_t whole = (int64_t{max_seq_len} + granule - 1) / granule * granule;
-  chunk = std::min(chunk, std::max<int64_t>(whole, granule));
-  return static_cast<int>(chunk);
-}
+// Merges the partial results of every split (sequence, head): block (m * heads + h, y) merges
+// value dims 64y .. 64y + 63 of head h of merge item m. Its threads first turn the splits' lse
+// into weights in shared memory (in rounds of kMergeChunk splits), then its 16 warps take the
+// splits in turn (lane: two dims) with independent loads in flight, and add up through shared
+// memory, so one long sequence cut into hundreds of splits is merged by many warps at once.
+// o: [batch, heads, dim] of bf16 or fp16, lse: [batch, heads] or null. A (sequence, head) whose
+// splits saw no token gets zeros and lse = -inf.
+constexpr int kMergeWarps = 16;
+constexpr int kMergeChunk = 1024;
 
-inline int NumSplits(int max_seq_len, int chunk) {
-  return std::max(1, (max_seq_len + chunk - 1) / chunk);
-}
-
-// Merges the partial results of every (sequence, head) that was split: one warp each.
-// o: [batch, heads, dim] of OutT (bf16 or fp16 pairs), lse: [batch, heads] or null.
 template <bool kOutBf16, int kDim>
-__global__ void __launch_bounds__(128)
-    MergeSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
-                      const int32_t* __restrict__ seq_lens, int batch, int heads, int max_splits,
-                      int chunk, void* __restrict__ o, float* __restrict__ lse) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    MergePartialsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                        const DecodeMergeItem* __restrict__ merges, int heads, void* __restrict__ o,
+                        float* __restrict__ lse) {
+  static_assert(kDim % 64 == 0, "dims in slices of 64");
+  __shared__ float s_w[kMergeChunk];
+  __shared__ float s_acc[kMergeWarps][64];
+  __shared__ float s_red[kMergeWarps];
   const int lane = threadIdx.x % 32;
-  if (warp >= batch * heads) return;
-  const int b = warp / heads;
-  const int h = warp % heads;
-  const int n = (seq_lens[b] + chunk - 1) / chunk;
-  if (n <= 1) return;  // written directly by the attention kernel
-  const float* pl = part_lse + size_t{1} * b * max_splits * heads + h;
+  const int warp = threadIdx.x / 32;
+  const DecodeMergeItem mi = merges[blockIdx.x / heads];
+  const int h = blockIdx.x % heads;
+  const int d0 = blockIdx.y * 64 + 2 * lane;
+  const float* pl = part_lse + size_t{1} * mi.slot0 * heads + h;
+  const float* po = part_o + (size_t{1} * mi.slot0 * heads + h) * kDim + d0;
+  const size_t split_stride = size_t{1} * heads * kDim;
   float m = -INFINITY;
-  for (int s = lane; s < n; s += 32) m = fmaxf(m, pl[size_t{1} * s * heads]);
+  for (int s = threadIdx.x; s < mi.splits; s += blockDim.x) m = fmaxf(m, pl[size_t{1} * s * heads]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  constexpr int kPer = kDim / 32;  // values per lane, consecutive pairs
+  if (lane == 0) s_red[warp] = m;
+  __syncthreads();
+  m = s_red[0];
+#pragma unroll
+  for (int w = 1; w < kMergeWarps; ++w) m = fmaxf(m, s_red[w]);
+  float a0 = 0.0f, a1 = 0.0f, sum = 0.0f;
+  if (m != -INFINITY) {  // (uniform across the block)
+    for (int c0 = 0; c0 < mi.splits; c0 += kMergeChunk) {
+      const int n = min(kMergeChunk, mi.splits - c0);
+      __syncthreads();  // the previous round's weights are read
+      for (int s = threadIdx.x; s < n; s += blockDim.x) {
+        s_w[s] = __expf(pl[size_t{1} * (c0 + s) * heads] - m);  // exp(-inf) = 0
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int s = warp; s < n; s += kMergeWarps) {
+        const float w = s_w[s];
+        const float2 v = *reinterpret_cast<const float2*>(po + (c0 + s) * split_stride);
+        sum += w;
+        a0 += w * v.x;
+        a1 += w * v.y;
+      }
+    }
+  }
+  s_acc[warp][2 * lane] = a0;
+  s_acc[warp][2 * lane + 1] = a1;
+  __syncthreads();
+  if (lane == 0) s_red[warp] = sum;  // (m was read from s_red before the barrier above)
+  __syncthreads();
+  if (warp != 0) return;
+  float t0 = 0.0f, t1 = 0.0f, total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) {
+    t0 += s_acc[w][2 * lane];
+    t1 += s_acc[w][2 * lane + 1];
+    total += s_red[w];
+  }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  const size_t row = size_t{1} * mi.seq * heads + h;
+  static_cast<uint32_t*>(o)[(row * kDim + d0) / 2] = PackFloat2<kOutBf16>(t0 * inv, t1 * inv);
+  if (lse != nullptr && blockIdx.y == 0 && lane == 0) {
+    lse[row] = total > 0.0f ? m + __logf(total) : -INFINITY;
+  }
+}
+
+// The same for plans whose sequences have few splits (at most kFewSplits): one warp per
+// (merge item, head) over all dims (lane: kDim / 32 values, consecutive pairs), four per block.
+// Cheaper there than the kernel above, whose blocks would be mostly idle.
+constexpr int kFewSplits = 32;
+
+template <bool kOutBf16, int kDim>
+__global__ void __launch_bounds__(128)
+    MergeFewSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                         const DecodeMergeItem* __restrict__ merges, int num_merges, int heads,
+                         void* __restrict__ o, float* __restrict__ lse) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= num_merges * heads) return;
+  const DecodeMergeItem mi = merges[warp / heads];
+  const int h = warp % heads;
+  const float* pl = part_lse + size_t{1} * mi.slot0 * heads + h;
+  float m = -INFINITY;
+  for (int s = lane; s < mi.splits; s += 32) m = fmaxf(m, pl[size_t{1} * s * heads]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  constexpr int kPer = kDim / 32;
   float acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
   float sum = 0.0f;
-  for (int s = 0; s < n; ++s) {
-    const float w = __expf(pl[size_t{1} * s * heads] - m);
-    sum += w;
-    const float* po = part_o + ((size_t{1} * b * max_splits + s) * heads + h) * kDim;
+  if (m != -INFINITY) {
+    for (int s = 0; s < mi.splits; ++s) {
+      const float w = __expf(pl[size_t{1} * s * heads] - m);  // exp(-inf) = 0
+      sum += w;
+      const float* po = part_o + (size_t{1} * (mi.slot0 + s) * heads + h) * kDim;
 #pragma unroll
-    for (int i = 0; i < kPer; i += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(po + i * 32 + lane * 2);
-      acc[i] += w * v.x;
-      acc[i + 1] += w * v.y;
+      for (int i = 0; i < kPer; i += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(po + i * 32 + lane * 2);
+        acc[i] += w * v.x;
+        acc[i + 1] += w * v.y;
+      }
     }
   }
-  const float inv = 1.0f / sum;
-  uint32_t* out = static_cast<uint32_t*>(o) + (size_t{1} * b * heads + h) * (kDim / 2);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint32_t* out = static_cast<uint32_t*>(o) + (size_t{1} * mi.seq * heads + h) * (kDim / 2);
 #pragma unroll
   for (int i = 0; i < kPer; i += 2) {
     out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
   }
-  if (lse != nullptr && lane == 0) lse[size_t{1} * b * heads + h] = m + __logf(sum);
+  if (lse != nullptr && lane == 0) {
+    lse[size_t{1} * mi.seq * heads + h] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
+  }
 }
 
+// Merges a plan's split sequences (max_splits: the most splits of any of them).
 template <bool kOutBf16, int kDim>
-cudaError_t LaunchMergeSplits(const SplitWorkspace& ws, const int32_t* seq_lens, int batch,
-                              int heads, int max_splits, int chunk, void* o, float* lse,
-                              cudaStream_t stream) {
-  const int warps = batch * heads;
-  const int grid = (warps + 3) / 4;
-  MergeSplitsKernel<kOutBf16, kDim><<<grid, 128, 0, stream>>>(
-      ws.part_o, ws.part_lse, seq_lens, batch, heads, max_splits, chunk, o, lse);
+cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max_splits, int heads,
+                                void* o, float* lse, cudaStream_t stream) {
+  if (num_merges == 0) return cudaSuccess;
+  if (max_splits <= kFewSplits) {
+    const int warps = num_merges * heads;
+    MergeFewSplitsKernel<kOutBf16, kDim><<<(warps + 3) / 4, 128, 0, stream>>>(
+        ws.part_o, ws.part_lse, ws.merges, num_merges, heads, o, lse);
+    return cudaGetLastError();
+  }
+  const dim3 grid(num_merges * heads, kDim / 64);
+  MergePartialsKernel<kOutBf16, kDim>
+      <<<grid, kMergeWarps * 32, 0, stream>>>(ws.part_o, ws.part_lse, ws.merges, heads, o, lse);
   return cudaGetLastError();
+}
+
+// Uploads a plan's items and merges into the workspace (on `stream`, from the plan's own host
+// vectors, which must outlive the copy: the plan is kept by the caller).
+inline cudaError_t UploadPlan(const SplitPlan& plan, const DecodeWorkspaceLayout& l, void* ws,
+                              cudaStream_t stream) {
+  auto* p = static_cast<uint8_t*>(ws);
+  if (!plan.items.empty()) {
+    if (cudaError_t e = cudaMemcpyAsync(p + l.items, plan.items.data(),
+                                        plan.items.size() * sizeof(DecodeWorkItem),
+                                        cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  if (!plan.merges.empty()) {
+    return cudaMemcpyAsync(p + l.merges, plan.merges.data(),
+                           plan.merges.size() * sizeof(DecodeMergeItem), cudaMemcpyHostToDevice,
+                           stream);
+  }
+  return cudaSuccess;
 }
 
 inline int NumSms() {

@@ -1,25 +1,22 @@
 #include "kernels/gqa_decode.cuh"
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <array>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
-#include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
-//  - A work item is (sequence, group of kWarps (kv head, <= 8 query heads) pairs, chunk of
-//    tokens). The chunk is planned on the host (PlanSchedule) from a model of the whole launch:
-//    each item costs about 5 us beyond its bytes (taking it, loading length, query and block
-//    table, waiting for its first tile), so small batches get few large items rather than about
-//    four per block. When the items fit the resident blocks, block i takes item i (no work
-//    counter, no memset); otherwise persistent blocks take items from an atomic counter, so
-//    ragged lengths balance themselves. One warp per kv head: the warps of a block stream the
+//  - A work item is (sequence, group of kWarps (kv head, <= 8 query heads) pairs, tokens
+//    [start, end)). PlanGqaDecode cuts the batch on the host from the real lengths
+//    (decode_plan.h: every sequence into equal parts of at most one chunk, the chunk of least
+//    modelled finish time under longest-first list scheduling, about 5 us per item beyond its
+//    bytes) and writes the items into the workspace. When they fit the resident blocks, block i
+//    takes item i (no work counter, no memset); otherwise persistent blocks take them, longest
+//    first, from an atomic counter. One warp per kv head: the warps of a block stream the
 //    same cache blocks at the same pace, so together they read every block's rows whole (all
 //    heads of a token are adjacent in the engines' layouts), which DRAM serves much better than
 //    the 256-byte pieces of one head.
@@ -32,12 +29,9 @@
 //    element sits in which fragment slot is permuted so that every thread reads whole 16-byte
 //    pieces of K and V rows; the query is loaded with the same permutation and the output is
 //    un-permuted when it is written.
-//  - Sequences longer than one chunk write partial results that MergeSplitsKernel combines, or,
-//    when the planned items fit the GPU with each sequence's 2..8 splits as one thread block
-//    cluster, the splits leave their partials in shared memory and the cluster's rank 0 merges
-//    them over distributed shared memory (ClusterMerge): no merge kernel and no partials in HBM.
-//    Measured no faster on the GPU than the merge kernel (docs/benchmarks.md), but one launch
-//    fewer for the host.
+//  - Items of a split sequence write partial results (slot of the plan) that
+//    MergePartialsKernel combines, many warps per long sequence. (An earlier version merged
+//    inside thread block clusters; it measured no faster and did not fit ragged plans.)
 
 namespace kvpool::kernels {
 namespace {
@@ -58,23 +52,18 @@ struct GqaParams {
   const int32_t* seq_lens;
   void* o;
   float* lse;
-  detail::SplitWorkspace ws;
+  detail::PlanWorkspace ws;
   int batch;
   int num_qo_heads;
   int num_kv_heads;
   int group;    // query heads per kv head
-  int qchunks;  // groups of 8 query heads per kv head
+  int qchunks;  // groups of 8 (16 with kRows16) query heads per kv head
   int pairs;    // num_kv_heads * qchunks: one warp each
   int hgroups;  // ceil(pairs / warps per block)
   int block_size;
   int max_blocks_per_seq;
-  int chunk;  // tokens per work item, a multiple of 16
-  int max_splits;
   int total_items;
-  int one_item;  // 1: one item per block, block i takes item i (no work counter)
-  // 1 (with one_item): the max_splits splits of a (sequence, head group) are one thread block
-  // cluster, block rank = split; partials stay in shared memory and rank 0 merges them.
-  int cluster;
+  int one_item;      // 1: one item per block, block i takes item i (no work counter)
   float scale_log2;  // sm_scale * k_scale * log2(e)
   float v_scale;
 };
@@ -123,69 +112,15 @@ constexpr int MaxWarps() {
   return kSmemBudget / (8 * kStage) >= 2 ? 8 : (kSmemBudget / (4 * kStage) >= 2 ? 4 : 2);
 }
 
-// The cluster's merge (GqaParams::cluster): every block of the cluster has its partials in its
-// warps' shared memory at `warp_offset` (one_item: every thread gets here after one round).
-// Rank 0 merges them as MergeSplitsKernel does; the second barrier keeps the other blocks'
-// shared memory alive until it has read them. Not inlined, so that it costs the attention loop
-// no registers.
-template <bool kQBf16, int kDim>
-__device__ __noinline__ void ClusterMerge(const GqaParams& p, uint8_t* smem, int warp_offset,
-                                          int warps) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int split = blockIdx.x % p.max_splits;
-  const int t = blockIdx.x / p.max_splits;
-  const int hg = t % p.hgroups;
-  const int b = t / p.hgroups;
-  const int pair = hg * warps + warp;
-  const int len = pair < p.pairs ? p.seq_lens[b] : 0;
-  const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
-  if (split == 0 && nsplit > 1) {
-    const int g0 = (pair % p.qchunks) * 8;
-    const int grows = min(8, p.group - g0);
-    const int head0 = (pair / p.qchunks) * p.group + g0;
-    float* mine = reinterpret_cast<float*>(smem + warp_offset);
-    constexpr int kPer = kDim / 32;  // values per lane, consecutive pairs
-    for (int g = 0; g < grows; ++g) {
-      float m = -INFINITY;
-      for (int sp = 0; sp < nsplit; ++sp) {
-        m = fmaxf(m, cluster.map_shared_rank(mine, sp)[8 * kDim + g]);
-      }
-      float acc[kPer];
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
-      float sum = 0.0f;
-      for (int sp = 0; sp < nsplit; ++sp) {
-        const float* part = cluster.map_shared_rank(mine, sp);
-        const float w = __expf(part[8 * kDim + g] - m);
-        sum += w;
-#pragma unroll
-        for (int i = 0; i < kPer; i += 2) {
-          const float2 v = *reinterpret_cast<const float2*>(part + g * kDim + i * 32 + lane * 2);
-          acc[i] += w * v.x;
-          acc[i + 1] += w * v.y;
-        }
-      }
-      const float inv = 1.0f / sum;
-      const size_t row = size_t{1} * b * p.num_qo_heads + head0 + g;
-      uint32_t* out = static_cast<uint32_t*>(p.o) + row * (kDim / 2);
-#pragma unroll
-      for (int i = 0; i < kPer; i += 2) {
-        out[(i * 32 + lane * 2) / 2] = detail::PackFloat2<kQBf16>(acc[i] * inv, acc[i + 1] * inv);
-      }
-      if (p.lse != nullptr && lane == 0) p.lse[row] = m + __logf(sum);
-    }
-  }
-  cluster.sync();
-}
-
-template <typename KV, bool kQBf16, int kDim, int kWarps>
+// kRows16: each warp takes 16 query heads of its kv head (the MMA's rows 8..15 too) instead of
+// 8, for groups above 8: one K/V stream per 16 query heads, twice the score and output
+// accumulators.
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16>
 __global__ void __launch_bounds__(kWarps * 32)
     GqaDecodeKernel(const __grid_constant__ GqaParams p) {
   using C = GqaConfig<KV, kDim, kWarps>;
+  constexpr int kH = kRows16 ? 2 : 1;  // halves of 8 query rows per warp
+  constexpr int kRows = 8 * kH;
   static_assert(C::kStages >= 2, "pipeline does not fit shared memory");
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
@@ -210,33 +145,27 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();
       if (item >= p.total_items) break;
     }
-    int t = item;
-    int split = 0;
-    if (p.cluster) {
-      split = t % p.max_splits;
-      t /= p.max_splits;
-    }
-    const int hg = t % p.hgroups;
-    t /= p.hgroups;
-    const int b = t % p.batch;
-    if (!p.cluster) split = t / p.batch;
-    const int pair = hg * kWarps + warp;
+    const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + item);  // seq, unit, start, end
+    const int b = wi.x;
+    const int pair = wi.y * kWarps + warp;
     if (pair >= p.pairs) continue;  // idle warp of the last head group (no barriers below)
     const int len = p.seq_lens[b];
-    const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
-    if (split >= nsplit) continue;
     const int h = pair / p.qchunks;
-    const int g0 = (pair % p.qchunks) * 8;
-    const int grows = min(8, p.group - g0);
+    const int g0 = (pair % p.qchunks) * kRows;
+    const int grows = min(kRows, p.group - g0);
     const int head0 = h * p.group + g0;  // first query head of this warp
-    const int start = split * p.chunk;
-    const int end = min(len, start + p.chunk);
+    const int start = wi.z;
+    const int end = max(start, min(len, wi.w));
 
-    // Query fragments (A of S = Q K^T): row r = query head head0 + r; rows 8..15 are zero.
-    uint32_t qlo[C::kKSteps], qhi[C::kKSteps];
-    {
+    // Query fragments (A of S = Q K^T): row r + 8 hf = query head head0 + r + 8 hf; rows
+    // 8..15 are zero unless kRows16.
+    uint32_t qlo[kH][C::kKSteps], qhi[kH][C::kKSteps];
+#pragma unroll
+    for (int hf = 0; hf < kH; ++hf) {
+      const int row = r + 8 * hf;
       const uint4* qrow = reinterpret_cast<const uint4*>(
-          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_qo_heads + head0 + r) * kDim);
+          static_cast<const uint16_t*>(p.q) +
+          (size_t{1} * b * p.num_qo_heads + head0 + row) * kDim);
 #pragma unroll
       for (int i = 0; i < C::kNKC; ++i) {
         // Piece i of this thread covers elements [kEK * (qd + 4i), +kEK).
@@ -244,17 +173,32 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int v = 0; v < kQVecs; ++v) {
           uint4 x = make_uint4(0, 0, 0, 0);
-          if (r < grows) x = qrow[(C::kEK * (qd + 4 * i)) / 8 + v];
+          if (row < grows) x = qrow[(C::kEK * (qd + 4 * i)) / 8 + v];
           const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
           for (int m2 = 0; m2 < 2; ++m2) {
             const int ks = i * (C::kEK / 4) + v * 2 + m2;  // 4 elements per k-step and thread
-            qlo[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2]);
-            qhi[ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2 + 1]);
+            qlo[hf][ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2]);
+            qhi[hf][ks] = detail::ConvertPair<kQBf16, kMB>(w[2 * m2 + 1]);
           }
         }
       }
     }
+    // The A operand's rows 8..15 (registers a1, a3).
+    auto q8lo = [&](int ks) -> uint32_t {
+      if constexpr (kRows16) {
+        return qlo[kH - 1][ks];
+      } else {
+        return 0u;
+      }
+    };
+    auto q8hi = [&](int ks) -> uint32_t {
+      if constexpr (kRows16) {
+        return qhi[kH - 1][ks];
+      } else {
+        return 0u;
+      }
+    };
 
     const int ntiles = (end - start + 15) / 16;
     const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
@@ -320,11 +264,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     };
 
-    float m_run = -INFINITY;  // running max of row r (log2 domain)
-    float l_run = 0.0f;       // this thread's share of the running sum of row r
-    float acc[C::kMTiles][4];
+    float m_run[kH], l_run[kH];  // row r + 8 hf: running max (log2 domain), this thread's sum
+    float acc[kH][C::kMTiles][4];
 #pragma unroll
-    for (int i = 0; i < C::kMTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int hf = 0; hf < kH; ++hf) {
+      m_run[hf] = -INFINITY;
+      l_run[hf] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < C::kMTiles; ++i) {
+        acc[hf][i][0] = acc[hf][i][1] = acc[hf][i][2] = acc[hf][i][3] = 0.0f;
+      }
+    }
 
 #pragma unroll
     for (int k = 0; k < C::kStages - 1; ++k) {
@@ -362,55 +312,64 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
               const int ks = i * 4 + m;
-              detail::Mma16816<kMB>(s[n], qlo[ks], 0u, qhi[ks], 0u, pr[2 * m], pr[2 * m + 1]);
+              detail::Mma16816<kMB>(s[n], qlo[0][ks], q8lo(ks), qhi[0][ks], q8hi(ks), pr[2 * m],
+                                    pr[2 * m + 1]);
             }
           } else {
-            detail::Mma16816<kMB>(s[n], qlo[2 * i], 0u, qhi[2 * i], 0u, x.x, x.y);
-            detail::Mma16816<kMB>(s[n], qlo[2 * i + 1], 0u, qhi[2 * i + 1], 0u, x.z, x.w);
+            detail::Mma16816<kMB>(s[n], qlo[0][2 * i], q8lo(2 * i), qhi[0][2 * i], q8hi(2 * i),
+                                  x.x, x.y);
+            detail::Mma16816<kMB>(s[n], qlo[0][2 * i + 1], q8lo(2 * i + 1), qhi[0][2 * i + 1],
+                                  q8hi(2 * i + 1), x.z, x.w);
           }
         }
       }
 
-      // Online softmax over row r (columns: tokens 8n + 2qd + e).
-      float sv[2][2];
-      float mx = -INFINITY;
+      // Online softmax over rows r + 8 hf (columns: tokens 8n + 2qd + e; the score fragment's
+      // slots 2 hf + e).
+      uint32_t pb0[kH], pb1[kH];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int hf = 0; hf < kH; ++hf) {
+        float sv[2][2];
+        float mx = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool ok = tok0 + 8 * n + 2 * qd + e < end;
-          sv[n][e] = ok ? s[n][e] * p.scale_log2 : -INFINITY;
-          mx = fmaxf(mx, sv[n][e]);
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const bool ok = tok0 + 8 * n + 2 * qd + e < end;
+            sv[n][e] = ok ? s[n][2 * hf + e] * p.scale_log2 : -INFINITY;
+            mx = fmaxf(mx, sv[n][e]);
+          }
         }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
-      const float m_new = fmaxf(m_run, mx);  // finite: token 0 of a tile is always valid
-      const float alpha = exp2f(m_run - m_new);
-      float pv[2][2];
-      float psum = 0.0f;
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+        const float m_new = fmaxf(m_run[hf], mx);  // finite: token 0 of a tile is always valid
+        const float alpha = exp2f(m_run[hf] - m_new);
+        float pv[2][2];
+        float psum = 0.0f;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          pv[n][e] = exp2f(sv[n][e] - m_new);
-          psum += pv[n][e];
+          for (int e = 0; e < 2; ++e) {
+            pv[n][e] = exp2f(sv[n][e] - m_new);
+            psum += pv[n][e];
+          }
         }
-      }
-      l_run = l_run * alpha + psum;
-      m_run = m_new;
-      // Output columns are query rows 2qd and 2qd + 1: their factors live in lanes 8qd, 8qd+4.
-      const float a0 = __shfl_sync(kFull, alpha, 8 * qd);
-      const float a1 = __shfl_sync(kFull, alpha, 8 * qd + 4);
+        l_run[hf] = l_run[hf] * alpha + psum;
+        m_run[hf] = m_new;
+        // Output columns are query rows 2qd and 2qd + 1 (of this half): their factors live in
+        // lanes 8qd, 8qd+4.
+        const float a0 = __shfl_sync(kFull, alpha, 8 * qd);
+        const float a1 = __shfl_sync(kFull, alpha, 8 * qd + 4);
 #pragma unroll
-      for (int i = 0; i < C::kMTiles; ++i) {
-        acc[i][0] *= a0;
-        acc[i][1] *= a1;
-        acc[i][2] *= a0;
-        acc[i][3] *= a1;
+        for (int i = 0; i < C::kMTiles; ++i) {
+          acc[hf][i][0] *= a0;
+          acc[hf][i][1] *= a1;
+          acc[hf][i][2] *= a0;
+          acc[hf][i][3] *= a1;
+        }
+        pb0[hf] = detail::PackFloat2<kMB>(pv[0][0], pv[0][1]);
+        pb1[hf] = detail::PackFloat2<kMB>(pv[1][0], pv[1][1]);
       }
-      const uint32_t pb0 = detail::PackFloat2<kMB>(pv[0][0], pv[0][1]);
-      const uint32_t pb1 = detail::PackFloat2<kMB>(pv[1][0], pv[1][1]);
 
       // O^T += V^T P^T: V rows of tokens 2qd, 2qd+1, 2qd+8, 2qd+9; m-tile mu uses value
       // slots 2mu (rows r) and 2mu+1 (rows r+8) of this thread's pieces.
@@ -447,197 +406,79 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int pp = 0; pp < kPairs; ++pp) {
           const int mu = i * kPairs + pp;
-          detail::Mma16816<kMB>(acc[mu], __byte_perm(x[0][pp], x[1][pp], 0x5410),
-                                __byte_perm(x[0][pp], x[1][pp], 0x7632),
-                                __byte_perm(x[2][pp], x[3][pp], 0x5410),
-                                __byte_perm(x[2][pp], x[3][pp], 0x7632), pb0, pb1);
+          const uint32_t a0 = __byte_perm(x[0][pp], x[1][pp], 0x5410);
+          const uint32_t a1 = __byte_perm(x[0][pp], x[1][pp], 0x7632);
+          const uint32_t a2 = __byte_perm(x[2][pp], x[3][pp], 0x5410);
+          const uint32_t a3 = __byte_perm(x[2][pp], x[3][pp], 0x7632);
+#pragma unroll
+          for (int hf = 0; hf < kH; ++hf) {
+            detail::Mma16816<kMB>(acc[hf][mu], a0, a1, a2, a3, pb0[hf], pb1[hf]);
+          }
         }
       }
     }
 
-    // This warp's results: row r's sum and max, then the output columns 2qd and 2qd + 1.
-    l_run += __shfl_xor_sync(kFull, l_run, 1);
-    l_run += __shfl_xor_sync(kFull, l_run, 2);
-    const float inv_row = l_run > 0.0f ? p.v_scale / l_run : 0.0f;
-    const float lse_row = l_run > 0.0f ? (m_run + __log2f(l_run)) * detail::kLn2 : -INFINITY;
-    const float inv0 = __shfl_sync(kFull, inv_row, 8 * qd);
-    const float inv1 = __shfl_sync(kFull, inv_row, 8 * qd + 4);
-    const bool direct = nsplit == 1;
-    if (p.cluster && !direct) {
-      // Into this warp's own ring, in head_dim order: rows g of kDim floats, then 8 lse.
-      __syncwarp();  // every lane is done reading the last tile
-      float* part = reinterpret_cast<float*>(smem + warp * C::kStages * C::kStageBytes);
+    // This warp's results, per half: row r's sum and max, then the output columns 2qd and
+    // 2qd + 1 (query rows 8 hf + 2qd + col).
+    const int slot = __ldg(&p.ws.items[item].slot);
+    const bool direct = slot < 0;
+#pragma unroll
+    for (int hf = 0; hf < kH; ++hf) {
+      float l = l_run[hf];
+      l += __shfl_xor_sync(kFull, l, 1);
+      l += __shfl_xor_sync(kFull, l, 2);
+      const float inv_row = l > 0.0f ? p.v_scale / l : 0.0f;
+      const float lse_row = l > 0.0f ? (m_run[hf] + __log2f(l)) * detail::kLn2 : -INFINITY;
+      const float inv0 = __shfl_sync(kFull, inv_row, 8 * qd);
+      const float inv1 = __shfl_sync(kFull, inv_row, 8 * qd + 4);
 #pragma unroll
       for (int col = 0; col < 2; ++col) {
-        const int g = 2 * qd + col;
+        const int g = 8 * hf + 2 * qd + col;
         if (g >= grows) continue;
         const float inv = col ? inv1 : inv0;
+        const size_t out_row = direct ? size_t{1} * b * p.num_qo_heads + head0 + g
+                                      : size_t{1} * slot * p.num_qo_heads + head0 + g;
 #pragma unroll
         for (int mu = 0; mu < C::kMTiles; ++mu) {
+          // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
           const int d = C::kEV * (r + 8 * ((2 * mu) / C::kEV)) + (2 * mu) % C::kEV;
-          *reinterpret_cast<float2*>(part + g * kDim + d) =
-              make_float2(acc[mu][col] * inv, acc[mu][2 + col] * inv);
+          const float v0 = acc[hf][mu][col] * inv, v1 = acc[hf][mu][2 + col] * inv;
+          if (direct) {
+            static_cast<uint32_t*>(p.o)[(out_row * kDim + d) / 2] =
+                detail::PackFloat2<kQBf16>(v0, v1);
+          } else {
+            *reinterpret_cast<float2*>(p.ws.part_o + out_row * kDim + d) = make_float2(v0, v1);
+          }
         }
       }
-      if (qd == 0 && r < grows) part[8 * kDim + r] = lse_row;
-      continue;
-    }
-#pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      const int g = 2 * qd + col;
-      if (g >= grows) continue;
-      const float inv = col ? inv1 : inv0;
-      const size_t out_row =
-          direct ? size_t{1} * b * p.num_qo_heads + head0 + g
-                 : (size_t{1} * b * p.max_splits + split) * p.num_qo_heads + head0 + g;
-#pragma unroll
-      for (int mu = 0; mu < C::kMTiles; ++mu) {
-        // Slots 2mu (c0/c1) and 2mu+1 (c2/c3) are adjacent head_dim elements.
-        const int d = C::kEV * (r + 8 * ((2 * mu) / C::kEV)) + (2 * mu) % C::kEV;
-        const float v0 = acc[mu][col] * inv, v1 = acc[mu][2 + col] * inv;
+      const int row = 8 * hf + r;
+      if (qd == 0 && row < grows) {
         if (direct) {
-          static_cast<uint32_t*>(p.o)[(out_row * kDim + d) / 2] =
-              detail::PackFloat2<kQBf16>(v0, v1);
+          if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head0 + row] = lse_row;
         } else {
-          *reinterpret_cast<float2*>(p.ws.part_o + out_row * kDim + d) = make_float2(v0, v1);
+          p.ws.part_lse[size_t{1} * slot * p.num_qo_heads + head0 + row] = lse_row;
         }
       }
     }
-    if (qd == 0 && r < grows) {
-      if (direct) {
-        if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_qo_heads + head0 + r] = lse_row;
-      } else {
-        p.ws.part_lse[(size_t{1} * b * p.max_splits + split) * p.num_qo_heads + head0 + r] =
-            lse_row;
-      }
-    }
   }
-
-  if (p.cluster) ClusterMerge<kQBf16, kDim>(p, smem, warp * C::kStages * C::kStageBytes, kWarps);
 }
 
-// Tokens per work item under the previous schedule (KernelTuning::gqa_schedule = 1): about 4
-// items per resident block, at least 256 tokens, and at most max_splits_cap splits per sequence
-// (0: no cap).
-int ChunkFor(int batch, int hgroups, int max_seq_len, int ctas, int max_splits_cap) {
-  return detail::ChooseChunk(int64_t{batch} * hgroups, max_seq_len, ctas, /*granule=*/16,
-                             /*min_chunk=*/256, /*waves=*/4, max_splits_cap);
+// Largest warps per block the kernel supports for this type and head_dim.
+template <typename KV, int kDim>
+constexpr bool WarpsFit(int warps) {
+  return warps == 1 || warps == 2 || ((warps == 4 || warps == 8) && warps <= MaxWarps<KV, kDim>());
 }
 
-// What a schedule costs, in microseconds, as the planner below models it. tile_us comes from the
-// read ceiling (about 4.6 TB/s on the H200) shared by all resident blocks; the fixed costs were
-// read off the benchmark (docs/benchmarks.md): with about five items per block the small rows
-// lost about 30 us whatever their size.
-struct ScheduleModel {
-  double tile_us;     // one block streaming one 16-token tile of its heads' K and V
-  double item_us;     // per item: taking it, loading length, query and block table, first tile
-  double counter_us;  // the work counter's reset (a memset before the kernel)
-  double merge_us;    // the merge kernel's launch and tail
-  double merge_bytes_per_us;  // partial results written and read back
-  double cluster_merge_us;    // merging in a cluster instead (two cluster barriers, DSMEM reads)
-};
+constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the cost model
 
-constexpr double kReadBytesPerUs = 4.6e6;
-
-// Finish time of the last block when `units` (sequence, head group) pairs of `tiles` tiles each
-// are cut into items of `chunk_tiles` and taken in the kernel's order (split after split) by
-// whichever of `ctas` blocks is free first; every sequence at full length. Blocks that finish at
-// the same time form one level, and there are only a few levels.
-double Makespan(int64_t units, int64_t tiles, int64_t chunk_tiles, int ctas,
-                const ScheduleModel& m) {
-  std::vector<std::pair<double, int64_t>> levels = {{0.0, ctas}};  // (finish time, blocks)
-  auto take = [&](int64_t items, double cost) {
-    while (items > 0) {
-      const auto [t, k] = levels.front();
-      const int64_t n = std::min(k, items);
-      if (n == k) {
-        levels.erase(levels.begin());
-      } else {
-        levels.front().second -= n;
-      }
-      const double done = t + cost;
-      auto it = std::lower_bound(levels.begin(), levels.end(), done,
-                                 [](const auto& l, double v) { return l.first < v; });
-      if (it != levels.end() && it->first == done) {
-        it->second += n;
-      } else {
-        levels.insert(it, {done, n});
-      }
-      items -= n;
-    }
-  };
-  const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
-  if (splits > 1) take(units * (splits - 1), chunk_tiles * m.tile_us + m.item_us);
-  take(units, (tiles - (splits - 1) * chunk_tiles) * m.tile_us + m.item_us);
-  return levels.back().first;
-}
-
-struct Schedule {
-  int chunk = 0;          // tokens per item, a multiple of 16
-  bool one_item = false;  // no more items than resident blocks: block i takes item i
-  bool cluster = false;   // one_item, and each sequence's splits merged inside their cluster
-};
-
-// The planned schedule: of the previous chunk and every cut into n = 1, 2, ... equal chunks (up
-// to eight waves of items), the one of least modelled cost (Makespan, plus the merge kernel
-// or the merge inside clusters when sequences are split, and the counter's reset when there are
-// more items than blocks). The previous chunk is kept unless another is at least 2% cheaper.
-// split_bytes: partial results of one split over the whole batch. max_clusters[n]: clusters of
-// n blocks that can be resident at once (n = 2..kMaxCluster), or null for no clusters.
-constexpr int kMaxCluster = 8;
-
-Schedule PlanSchedule(int64_t units, int max_seq_len, int ctas, int max_splits_cap,
-                      int64_t split_bytes, const ScheduleModel& m, int previous_chunk,
-                      const int* max_clusters) {
-  const int64_t tiles = std::max(1, (max_seq_len + 15) / 16);
-  auto clustered = [&](int64_t chunk_tiles) {
-    const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
-    return max_clusters != nullptr && splits > 1 && splits <= kMaxCluster &&
-           units <= max_clusters[splits];
-  };
-  auto cost = [&](int64_t chunk_tiles) {
-    const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
-    double c = Makespan(units, tiles, chunk_tiles, ctas, m);
-    if (clustered(chunk_tiles)) {
-      c += m.cluster_merge_us;
-    } else if (splits > 1) {
-      c += m.merge_us + 2.0 * splits * split_bytes / m.merge_bytes_per_us;
-    }
-    if (units * splits > ctas) c += m.counter_us;
-    return c;
-  };
-  const int64_t prev_tiles = std::max(1, previous_chunk / 16);
-  const double prev_cost = cost(prev_tiles);
-  int64_t best_tiles = prev_tiles;
-  double best_cost = prev_cost;
-  int64_t last = 0;
-  for (int64_t n = 1; n <= tiles; ++n) {
-    const int64_t chunk_tiles = (tiles + n - 1) / n;
-    if (chunk_tiles == last) continue;
-    last = chunk_tiles;
-    const int64_t splits = (tiles + chunk_tiles - 1) / chunk_tiles;
-    if (max_splits_cap >= 1 && splits > max_splits_cap) break;
-    if (units * splits > int64_t{8} * ctas) break;
-    const double c = cost(chunk_tiles);
-    if (c < best_cost) {
-      best_cost = c;
-      best_tiles = chunk_tiles;
-    }
-  }
-  if (best_cost > 0.98 * prev_cost) best_tiles = prev_tiles;
-  const int64_t splits = (tiles + best_tiles - 1) / best_tiles;
-  const bool one_item = units * splits <= ctas;
-  return {static_cast<int>(best_tiles * 16), one_item, one_item && clustered(best_tiles)};
-}
-
-template <typename KV, bool kQBf16, int kDim, int kWarps>
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16>
 struct GqaLauncher {
   using C = GqaConfig<KV, kDim, kWarps>;
 
   // Resident thread blocks for the whole GPU (0 on error).
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps>;
+      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -652,189 +493,250 @@ struct GqaLauncher {
     return ctas;
   }
 
-  // Clusters of n blocks (index n = 2..kMaxCluster) that fit the GPU at once; 0 where the
-  // query fails. Called after ResidentCtas (which sets the shared-memory attribute).
-  static const int* MaxClusters() {
-    static const std::array<int, kMaxCluster + 1> clusters = [] {
-      std::array<int, kMaxCluster + 1> n{};
-      for (int size = 2; size <= kMaxCluster; ++size) {
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3(size);
-        config.blockDim = dim3(kWarps * 32);
-        config.dynamicSmemBytes = C::kSmemBytes;
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = size;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        config.attrs = &attr;
-        config.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&n[size], GqaDecodeKernel<KV, kQBf16, kDim, kWarps>,
-                                           &config) != cudaSuccess) {
-          n[size] = 0;
-          (void)cudaGetLastError();
-        }
-      }
-      return n;
-    }();
-    return clusters.data();
+  // The planner's cost of one 16-token tile of one item while every resident block streams.
+  static double TileUs(int ctas) {
+    return 16.0 * kWarps * 2 * kDim * C::kEB * ctas / kReadBytesPerUs;
   }
 
-  // The previous schedule or the planned one, with at most max_splits_cap splits per sequence
-  // (0: no cap).
-  static Schedule Choose(const GqaParams& p, int max_seq_len, int ctas, int max_splits_cap,
-                         bool previous_schedule, bool use_clusters) {
-    const int previous = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, max_splits_cap);
-    if (previous_schedule) return {previous, false, false};
-    ScheduleModel m;
-    const double tile_bytes = 16.0 * kWarps * 2 * kDim * C::kEB;
-    m.tile_us = tile_bytes * ctas / kReadBytesPerUs;
-    m.item_us = 5.0;
-    m.counter_us = 2.0;
-    m.merge_us = 4.0;
-    m.merge_bytes_per_us = 3.0e6;
-    m.cluster_merge_us = 1.0;
-    const int64_t split_bytes = int64_t{4} * p.batch * p.num_qo_heads * (kDim + 1);
-    return PlanSchedule(int64_t{p.batch} * p.hgroups, max_seq_len, ctas, max_splits_cap,
-                        split_bytes, m, previous, use_clusters ? MaxClusters() : nullptr);
-  }
-
-  // With `need` set, only computes the workspace this call would use at most and stores it.
-  static cudaError_t Run(GqaParams p, int max_seq_len, size_t workspace_bytes, void* workspace,
-                         cudaStream_t stream, size_t* need) {
-    const int ctas = ResidentCtas();
-    if (ctas <= 0) return cudaErrorInvalidConfiguration;
-    p.hgroups = (p.pairs + kWarps - 1) / kWarps;
-    if (need != nullptr) {
-      // Room for either schedule, so that the benchmark can switch between them.
-      const int previous = ChunkFor(p.batch, p.hgroups, max_seq_len, ctas, 0);
-      const int planned = Choose(p, max_seq_len, ctas, 0, false, true).chunk;
-      const int unclustered = Choose(p, max_seq_len, ctas, 0, false, false).chunk;
-      const int splits = std::max({detail::NumSplits(max_seq_len, previous),
-                                   detail::NumSplits(max_seq_len, planned),
-                                   detail::NumSplits(max_seq_len, unclustered)});
-      *need = detail::SplitWorkspaceBytes(p.batch, splits, p.num_qo_heads, kDim);
-      return cudaSuccess;
-    }
-    if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
-    const int64_t per_split = int64_t{4} * p.batch * p.num_qo_heads * (kDim + 1);
-    const int cap = static_cast<int>(std::clamp<int64_t>(
-        (static_cast<int64_t>(workspace_bytes) - detail::kCounterBytes) / per_split, 1, 1 << 20));
-    const KernelTuning& tuning = GetKernelTuning();
-    Schedule sched =
-        Choose(p, max_seq_len, ctas, cap, tuning.gqa_schedule == 1, tuning.gqa_schedule == 0);
-    if (tuning.gqa_chunk > 0 && tuning.gqa_chunk % 16 == 0 &&
-        detail::NumSplits(max_seq_len, tuning.gqa_chunk) <= cap) {
-      // Benchmark sweeps: this chunk, with the planner's rules for the rest.
-      sched.chunk = tuning.gqa_chunk;
-      const int splits = detail::NumSplits(max_seq_len, sched.chunk);
-      const int64_t units = int64_t{p.batch} * p.hgroups;
-      sched.one_item = units * splits <= ctas;
-      sched.cluster = tuning.gqa_schedule == 0 && sched.one_item && splits > 1 &&
-                      splits <= kMaxCluster && units <= MaxClusters()[splits];
-    }
-    const int chunk = sched.chunk;
-    p.chunk = chunk;
-    p.max_splits = detail::NumSplits(max_seq_len, chunk);
-    p.ws = detail::CarveSplitWorkspace(workspace, p.batch, p.max_splits, p.num_qo_heads);
-    const int64_t items = int64_t{p.max_splits} * p.batch * p.hgroups;
-    if (items > INT32_MAX) return cudaErrorInvalidValue;
-    p.total_items = static_cast<int>(items);
-    p.one_item = sched.one_item ? 1 : 0;
-    if (!sched.one_item) {
+  static cudaError_t Run(const GqaDecodePlan& plan, GqaParams p, cudaStream_t stream) {
+    p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
+    p.total_items = static_cast<int>(plan.split.items.size());
+    p.one_item = plan.split.one_item ? 1 : 0;
+    if (!plan.split.one_item) {
       if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
         return e;
       }
     }
-    p.cluster = sched.cluster ? 1 : 0;
-    const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
-    SetLastGqaSchedule({chunk, p.max_splits, p.total_items, grid, sched.one_item, sched.cluster});
-    if (sched.cluster) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(grid);
-      config.blockDim = dim3(kWarps * 32);
-      config.dynamicSmemBytes = C::kSmemBytes;
-      config.stream = stream;
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = p.max_splits;
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      return cudaLaunchKernelEx(&config, GqaDecodeKernel<KV, kQBf16, kDim, kWarps>, p);
-    }
-    GqaDecodeKernel<KV, kQBf16, kDim, kWarps><<<grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
+    GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16>
+        <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (p.max_splits > 1) {
-      return detail::LaunchMergeSplits<kQBf16, kDim>(p.ws, p.seq_lens, p.batch, p.num_qo_heads,
-                                                     p.max_splits, chunk, p.o, p.lse, stream);
-    }
-    return cudaSuccess;
+    return detail::LaunchMergePartials<kQBf16, kDim>(
+        p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
+        p.o, p.lse, stream);
   }
 };
 
-// Warps per block: one per (kv head, query group) pair, four by default. With d128 bf16 that is
-// still one block per SM, but each warp's ring is 4 stages deep instead of 3; measured as fast
-// as eight heads per block or faster under the previous schedule. Under the planned one, eight
-// heads per block measured the same at batch 32 x 4k and 2-3% faster at 128 x 4k (a lead; kept
-// as a benchmark variant, see docs/benchmarks.md).
-template <typename KV, bool kQBf16, int kDim>
-cudaError_t DispatchWarps(GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                          cudaStream_t stream, size_t* need) {
-  constexpr int kMax = MaxWarps<KV, kDim>();
-  if (p.pairs >= 8 && kMax >= 8 && GetKernelTuning().gqa_warps == 8) {
-    return GqaLauncher<KV, kQBf16, kDim, (kMax >= 8 ? 8 : 2)>::Run(p, max_seq_len, ws_bytes, ws,
-                                                                   stream, need);
-  }
-  if (p.pairs >= 3 && kMax >= 4) {
-    return GqaLauncher<KV, kQBf16, kDim, (kMax >= 4 ? 4 : 2)>::Run(p, max_seq_len, ws_bytes, ws,
-                                                                   stream, need);
-  }
-  if (p.pairs >= 2) {
-    return GqaLauncher<KV, kQBf16, kDim, 2>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
-  }
-  return GqaLauncher<KV, kQBf16, kDim, 1>::Run(p, max_seq_len, ws_bytes, ws, stream, need);
-}
+template <int kV>
+using Int = std::integral_constant<int, kV>;
+template <bool kV>
+using Bool = std::integral_constant<bool, kV>;
 
-template <typename KV, bool kQBf16>
-cudaError_t DispatchDim(int head_dim, GqaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                        cudaStream_t stream, size_t* need) {
-  switch (head_dim) {
-    case 64:
-      return DispatchWarps<KV, kQBf16, 64>(p, max_seq_len, ws_bytes, ws, stream, need);
-    case 128:
-      return DispatchWarps<KV, kQBf16, 128>(p, max_seq_len, ws_bytes, ws, stream, need);
-    case 256:
-      return DispatchWarps<KV, kQBf16, 256>(p, max_seq_len, ws_bytes, ws, stream, need);
+// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}, Bool<kRows16>{}) for the kernel of
+// these types, head_dim, warps and rows per warp; false where there is none (16 rows per warp
+// exist for head_dim <= 128 and up to 4 warps per block).
+template <typename F>
+bool WithKernel(DType q_type, DType kv_type, int head_dim, int warps, bool rows16, F&& f) {
+  auto by_warps = [&](auto kv, auto qbf16, auto dim) {
+    using KV = decltype(kv);
+    constexpr int kDim = decltype(dim)::value;
+    if (!WarpsFit<KV, kDim>(warps)) return false;
+    auto call = [&](auto w) {
+      if (rows16) {
+        if constexpr (kDim <= 128 && decltype(w)::value <= 4) {
+          f(kv, qbf16, dim, w, Bool<true>{});
+          return true;
+        }
+        return false;
+      }
+      f(kv, qbf16, dim, w, Bool<false>{});
+      return true;
+    };
+    switch (warps) {
+      case 1:
+        return call(Int<1>{});
+      case 2:
+        return call(Int<2>{});
+      case 4:
+        if constexpr (MaxWarps<KV, kDim>() >= 4) return call(Int<4>{});
+        return false;
+      case 8:
+        if constexpr (MaxWarps<KV, kDim>() >= 8) return call(Int<8>{});
+        return false;
+    }
+    return false;
+  };
+  auto by_dim = [&](auto kv, auto qbf16) {
+    switch (head_dim) {
+      case 64:
+        return by_warps(kv, qbf16, Int<64>{});
+      case 128:
+        return by_warps(kv, qbf16, Int<128>{});
+      case 256:
+        return by_warps(kv, qbf16, Int<256>{});
+    }
+    return false;
+  };
+  switch (kv_type) {
+    case DType::kBF16:
+      return q_type == DType::kBF16 && by_dim(Bf16Tag{}, Bool<true>{});
+    case DType::kFP16:
+      return q_type == DType::kFP16 && by_dim(Fp16Tag{}, Bool<false>{});
+    case DType::kFP8E4M3:
+      if (q_type == DType::kBF16) return by_dim(Fp8Tag{}, Bool<true>{});
+      if (q_type == DType::kFP16) return by_dim(Fp8Tag{}, Bool<false>{});
+      return false;
   }
-  return cudaErrorInvalidValue;
+  return false;
 }
 
 bool Aligned16(int64_t v) { return (v & 15) == 0; }
 
+int MaxWarpsFor(DType kv_type, int head_dim) {
+  const int row = head_dim * DTypeBytes(kv_type);  // bytes of one K or V row
+  const int stage = 32 * row;
+  return kSmemBudget / (8 * stage) >= 2 ? 8 : (kSmemBudget / (4 * stage) >= 2 ? 4 : 2);
+}
+
+// Warps per block: one per (kv head, query group) pair, four by default. With d128 bf16 that is
+// one block per SM, each warp's ring 4 stages deep; eight heads per block measured the same or
+// 2-3% faster at batch 128 (docs/benchmarks.md) and stays an option. Three pairs take one warp
+// per block (each pair its own unit) rather than four warps with one idle.
+int DefaultWarps(int pairs, DType kv_type, int head_dim) {
+  const int max_warps = MaxWarpsFor(kv_type, head_dim);
+  if (pairs == 3) return 1;
+  if (pairs >= 4 && max_warps >= 4) return 4;
+  return pairs >= 2 ? 2 : 1;
+}
+
+// Everything of a plan but the items: warps, resident blocks, the planner's input.
+struct PlanBasis {
+  int warps = 0;
+  bool rows16 = false;
+  int hgroups = 0;
+  SplitPlanInput in;
+};
+
+KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
+                       const int32_t* host_seq_lens, int max_seq_len,
+                       const GqaDecodeOptions& options, PlanBasis* basis) {
+  if (KernelStatus st = GqaDecodeSupported(shape, q_type, kv_type); !st.ok()) return st;
+  if (max_seq_len < 0) return KernelStatus::Refused("max_seq_len is negative");
+  const int group = shape.num_qo_heads / shape.num_kv_heads;
+  // Groups above 8 take 16 query heads per warp (one K/V stream per 16 heads) where that kernel
+  // exists.
+  const bool rows16 =
+      group > 8 && shape.head_dim <= 128 && !options.rows8 && options.warps != 8;
+  const int rows = rows16 ? 16 : 8;
+  const int pairs = shape.num_kv_heads * ((group + rows - 1) / rows);
+  int warps = options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim);
+  int ctas = 0;
+  double tile_us = 0.0;
+  const bool found =
+      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16) {
+                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
+                                         decltype(dim)::value, decltype(w)::value,
+                                         decltype(r16)::value>;
+                   ctas = L::ResidentCtas();
+                   tile_us = L::TileUs(ctas);
+                 });
+  if (!found) {
+    return KernelStatus::Refused("GqaDecode: " + std::to_string(warps) +
+                                 " warps per block do not fit head_dim " +
+                                 std::to_string(shape.head_dim) + " of this type (at most " +
+                                 std::to_string(MaxWarpsFor(kv_type, shape.head_dim)) + ")");
+  }
+  if (ctas <= 0) {
+    const cudaError_t e = cudaGetLastError();
+    return {static_cast<int>(e == cudaSuccess ? cudaErrorInvalidConfiguration : e),
+            std::string("GqaDecode: the kernel cannot run on this device (") +
+                cudaGetErrorString(e) + ")"};
+  }
+  basis->warps = warps;
+  basis->rows16 = rows16;
+  basis->hgroups = (pairs + warps - 1) / warps;
+  SplitPlanInput& in = basis->in;
+  in.batch = shape.batch;
+  in.units_per_seq = basis->hgroups;
+  in.seq_lens = host_seq_lens;
+  in.max_seq_len = std::max(max_seq_len, 1);
+  in.ctas = ctas;
+  in.granule = 16;
+  in.min_chunk = 128;
+  in.granule_us = tile_us;
+  in.item_us = 5.0;
+  in.merge_us = 4.0;
+  in.counter_us = 2.0;
+  in.max_slots = 2 * ctas;
+  in.forced_chunk = options.chunk;
+  in.uniform = options.uniform;
+  return KernelStatus::Ok();
+}
+
 }  // namespace
 
-namespace {
+KernelStatus GqaDecodeSupported(const GqaDecodeShape& shape, DType q_type, DType kv_type) {
+  auto refuse = [](const std::string& why) { return KernelStatus::Refused("GqaDecode: " + why); };
+  if (shape.batch < 0) return refuse("negative batch");
+  if (shape.num_kv_heads <= 0 || shape.num_qo_heads <= 0 ||
+      shape.num_qo_heads % shape.num_kv_heads != 0) {
+    return refuse("num_qo_heads (" + std::to_string(shape.num_qo_heads) +
+                  ") must be a positive multiple of num_kv_heads (" +
+                  std::to_string(shape.num_kv_heads) + ")");
+  }
+  if (shape.head_dim != 64 && shape.head_dim != 128 && shape.head_dim != 256) {
+    return refuse("head_dim " + std::to_string(shape.head_dim) + " is not 64, 128 or 256");
+  }
+  if (shape.block_size <= 0 || shape.block_size % 16 != 0) {
+    return refuse("block_size " + std::to_string(shape.block_size) +
+                  " is not a positive multiple of 16");
+  }
+  if (q_type == DType::kFP8E4M3) return refuse("queries cannot be e4m3 (bf16 or fp16)");
+  if (kv_type != q_type && kv_type != DType::kFP8E4M3) {
+    return refuse("the cache must have the query's type or be e4m3");
+  }
+  return KernelStatus::Ok();
+}
 
-// Validates, fills the parameters and dispatches; with `need` set, plans only.
-cudaError_t GqaDispatch(const void* q, DType q_type, const void* kv_cache, DType kv_type,
-                        const PagedKvLayout& layout, const int32_t* block_tables,
-                        const int32_t* seq_lens, int max_seq_len, const GqaDecodeShape& shape,
-                        const AttentionScales& scales, void* o, float* lse, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream, size_t* need) {
-  if (shape.batch <= 0) {
-    if (need != nullptr) *need = detail::kCounterBytes;
-    return cudaSuccess;
+size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, DType q_type, DType kv_type,
+                               int max_seq_len, const GqaDecodeOptions& options) {
+  PlanBasis basis;
+  if (!MakeBasis(shape, q_type, kv_type, nullptr, max_seq_len, options, &basis).ok()) return 0;
+  return DecodeWorkspaceBytes(basis.in, shape.num_qo_heads, shape.head_dim);
+}
+
+KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_type,
+                           const int32_t* host_seq_lens, int max_seq_len, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream, GqaDecodePlan* plan,
+                           const GqaDecodeOptions& options) {
+  if (plan == nullptr) return KernelStatus::Refused("PlanGqaDecode: no plan to fill");
+  *plan = GqaDecodePlan{};
+  PlanBasis basis;
+  if (KernelStatus st =
+          MakeBasis(shape, q_type, kv_type, host_seq_lens, max_seq_len, options, &basis);
+      !st.ok()) {
+    return st;
   }
-  if (shape.num_kv_heads <= 0 || shape.num_qo_heads % shape.num_kv_heads != 0 ||
-      shape.block_size <= 0 || shape.block_size % 16 != 0 || max_seq_len < 0 ||
-      (workspace == nullptr && need == nullptr)) {
-    return cudaErrorInvalidValue;
+  if (workspace == nullptr) return KernelStatus::Refused("PlanGqaDecode: no workspace");
+  SplitPlanInput& in = basis.in;
+  if (KernelStatus st =
+          PlanSplitsInWorkspace("PlanGqaDecode", &in, shape.num_qo_heads, shape.head_dim,
+                                workspace_bytes, &plan->split, &plan->layout);
+      !st.ok()) {
+    return st;
   }
-  if (q_type == DType::kFP8E4M3) return cudaErrorInvalidValue;
-  if (kv_type != q_type && kv_type != DType::kFP8E4M3) return cudaErrorInvalidValue;
-  const int eb = DTypeBytes(kv_type);
+  plan->shape = shape;
+  plan->q_type = q_type;
+  plan->kv_type = kv_type;
+  plan->max_seq_len = in.max_seq_len;
+  plan->warps = basis.warps;
+  plan->rows16 = basis.rows16;
+  plan->workspace = workspace;
+  if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
+      e != cudaSuccess) {
+    return {static_cast<int>(e), std::string("PlanGqaDecode: ") + cudaGetErrorString(e)};
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus RunGqaDecode(const GqaDecodePlan& plan, const void* q, const void* kv_cache,
+                          const PagedKvLayout& layout, const int32_t* block_tables,
+                          const int32_t* seq_lens, const AttentionScales& scales, void* o,
+                          float* lse, cudaStream_t stream) {
+  const GqaDecodeShape& shape = plan.shape;
+  if (shape.batch == 0) return KernelStatus::Ok();
+  if (plan.workspace == nullptr) return KernelStatus::Refused("RunGqaDecode: the plan is empty");
+  const int eb = DTypeBytes(plan.kv_type);
   GqaParams p{};
   p.q = q;
   p.kv = static_cast<const uint8_t*>(kv_cache);
@@ -842,10 +744,13 @@ cudaError_t GqaDispatch(const void* q, DType q_type, const void* kv_cache, DType
   p.block_stride = layout.block_stride * eb;
   p.token_stride = layout.token_stride * eb;
   p.head_stride = layout.head_stride * eb;
-  if (!Aligned16(reinterpret_cast<int64_t>(kv_cache)) || !Aligned16(p.v_offset) ||
-      !Aligned16(p.block_stride) || !Aligned16(p.token_stride) || !Aligned16(p.head_stride) ||
-      !Aligned16(reinterpret_cast<int64_t>(q))) {
-    return cudaErrorInvalidValue;
+  if (!Aligned16(reinterpret_cast<int64_t>(kv_cache)) || !Aligned16(reinterpret_cast<int64_t>(q))) {
+    return KernelStatus::Refused("RunGqaDecode: q and kv_cache must be 16-byte aligned");
+  }
+  if (!Aligned16(p.v_offset) || !Aligned16(p.block_stride) || !Aligned16(p.token_stride) ||
+      !Aligned16(p.head_stride)) {
+    return KernelStatus::Refused(
+        "RunGqaDecode: every layout stride must be a multiple of 16 bytes");
   }
   p.block_tables = block_tables;
   p.seq_lens = seq_lens;
@@ -855,41 +760,28 @@ cudaError_t GqaDispatch(const void* q, DType q_type, const void* kv_cache, DType
   p.num_qo_heads = shape.num_qo_heads;
   p.num_kv_heads = shape.num_kv_heads;
   p.group = shape.num_qo_heads / shape.num_kv_heads;
-  p.qchunks = (p.group + 7) / 8;
+  const int rows = plan.rows16 ? 16 : 8;
+  p.qchunks = (p.group + rows - 1) / rows;
   p.pairs = p.num_kv_heads * p.qchunks;
+  p.hgroups = (p.pairs + plan.warps - 1) / plan.warps;
   p.block_size = shape.block_size;
   p.max_blocks_per_seq = shape.max_blocks_per_seq;
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
-  max_seq_len = std::max(max_seq_len, 1);
-  const int d = shape.head_dim;
-  const size_t wb = workspace_bytes;
-  switch (kv_type) {
-    case DType::kBF16:
-      return DispatchDim<Bf16Tag, true>(d, p, max_seq_len, wb, workspace, stream, need);
-    case DType::kFP16:
-      return DispatchDim<Fp16Tag, false>(d, p, max_seq_len, wb, workspace, stream, need);
-    case DType::kFP8E4M3:
-      if (q_type == DType::kBF16) {
-        return DispatchDim<Fp8Tag, true>(d, p, max_seq_len, wb, workspace, stream, need);
-      }
-      return DispatchDim<Fp8Tag, false>(d, p, max_seq_len, wb, workspace, stream, need);
+  cudaError_t e = cudaSuccess;
+  const bool found =
+      WithKernel(plan.q_type, plan.kv_type, shape.head_dim, plan.warps, plan.rows16,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16) {
+                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
+                                         decltype(dim)::value, decltype(w)::value,
+                                         decltype(r16)::value>;
+                   e = L::Run(plan, p, stream);
+                 });
+  if (!found) return KernelStatus::Refused("RunGqaDecode: the plan names no kernel");
+  if (e != cudaSuccess) {
+    return {static_cast<int>(e), std::string("RunGqaDecode: ") + cudaGetErrorString(e)};
   }
-  return cudaErrorInvalidValue;
-}
-
-}  // namespace
-
-size_t GqaDecodeWorkspaceBytes(const GqaDecodeShape& shape, DType q_type, DType kv_type,
-                               int max_seq_len) {
-  size_t need = 0;
-  const PagedKvLayout layout{};
-  const AttentionScales scales{};
-  if (GqaDispatch(nullptr, q_type, nullptr, kv_type, layout, nullptr, nullptr, max_seq_len, shape,
-                  scales, nullptr, nullptr, nullptr, 0, nullptr, &need) != cudaSuccess) {
-    return 0;
-  }
-  return need;
+  return KernelStatus::Ok();
 }
 
 cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
@@ -897,8 +789,13 @@ cudaError_t GqaDecode(const void* q, DType q_type, const void* kv_cache, DType k
                       const int32_t* seq_lens, int max_seq_len, const GqaDecodeShape& shape,
                       const AttentionScales& scales, void* o, float* lse, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream) {
-  return GqaDispatch(q, q_type, kv_cache, kv_type, layout, block_tables, seq_lens, max_seq_len,
-                     shape, scales, o, lse, workspace, workspace_bytes, stream, nullptr);
+  GqaDecodePlan plan;
+  KernelStatus st = PlanGqaDecode(shape, q_type, kv_type, nullptr, max_seq_len, workspace,
+                                  workspace_bytes, stream, &plan);
+  if (st.ok()) {
+    st = RunGqaDecode(plan, q, kv_cache, layout, block_tables, seq_lens, scales, o, lse, stream);
+  }
+  return static_cast<cudaError_t>(st.cuda_error);
 }
 
 }  // namespace kvpool::kernels

@@ -4,14 +4,15 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/decode_common.cuh"
-#include "kernels/tuning.h"
 
 // Design (docs/kernels.md has the long form):
-//  - A work item is (sequence, group of kN = 16 or 32 heads, chunk of tokens). One block per SM:
+//  - A work item is (sequence, group of kN = 16 or 32 heads, tokens [start, end)). One block per
+//  SM:
 //    a producer warp takes items from an atomic counter and streams each item's rows into a
 //    shared-memory ring of 32-token stages; four consumer warps compute. Stages carry the item
 //    they belong to; "full" mbarriers (the producer's arrival plus the copied bytes) and
@@ -38,8 +39,8 @@
 //    shared memory with the same permutation) and the value dimensions permuted inside each
 //    32-wide group (undone when the output is written). Fragments are loaded one or two steps
 //    ahead of their MMAs.
-//  - The previous kernel (eight warps per 16 heads, scores split over key-dim quarters, four
-//    block barriers per 32-token tile) stays as a benchmark variant (KernelTuning::mla_variant).
+//  - Work items come from PlanMlaDecode (decode_plan.h: real lengths, long sequences split into
+//    equal parts, longest first); split sequences are merged by MergePartialsKernel.
 
 namespace kvpool::kernels {
 namespace {
@@ -49,14 +50,6 @@ using detail::Fp16Tag;
 using detail::Fp8Tag;
 using detail::KvTraits;
 
-// ---------------------------------------------------------------------------------------------
-// The previous kernel (a benchmark variant): eight warps per 16 heads, scores split over four
-// key-dim quarters and summed in shared memory, four block barriers per 32-token tile.
-
-constexpr int kTile = 32;                          // tokens per pipeline stage
-constexpr int kGroupWarps = 8;                     // warps per group of 16 heads
-constexpr int kKStepsPerWarp = kMlaKDim / 16 / 4;  // 9: key dims split four ways
-constexpr int kVSlice = kMlaVDim / kGroupWarps;    // 64 value dims per warp
 constexpr unsigned kFull = 0xffffffffu;
 
 struct MlaParams {
@@ -69,371 +62,15 @@ struct MlaParams {
   const int32_t* seq_lens;
   void* o;
   float* lse;
-  detail::SplitWorkspace ws;
+  detail::PlanWorkspace ws;
   int batch;
   int num_heads;
-  int hchunks;  // groups of 16 * kMT heads
   int block_size;
   int max_blocks_per_seq;
-  int chunk;
-  int max_splits;
   int total_items;
   float scale_log2;
   float v_scale;
 };
-
-template <typename KV, int kMT, bool kDeep = false>
-struct MlaV1Config {
-  static constexpr int kEB = KvTraits<KV>::kBytes;
-  static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
-  static constexpr int kRowBytes = kMlaKDim * kEB;
-  // Row pitch in shared memory: 16-bit rows shift by 16 bytes (ldmatrix rows on distinct
-  // banks), e4m3 rows by 4 words mod 32 (32-bit fragment loads on distinct banks).
-  static constexpr int kPitch = kEB == 2 ? 1168 : 656;
-  // Two blocks of 8 warps per SM for one head group, one block of 16 warps for two.
-  // kDeep (one head group): one block per SM with a deeper ring instead.
-  static constexpr int kStages =
-      kEB == 2 ? (kMT == 1 ? (kDeep ? 5 : 2) : 4) : (kMT == 1 ? (kDeep ? 9 : 4) : 7);
-  static constexpr int kStageBytes = kTile * kPitch;
-  static constexpr int kSpartStride = kTile + 8;  // floats per partial-score row
-  static constexpr int kSpartBytes = kMT * 4 * 16 * kSpartStride * 4;
-  static constexpr int kPStride = kTile + 8;  // 16-bit values per P row (80 bytes)
-  static constexpr int kPBytes = kMT * 16 * kPStride * 2;
-  static constexpr int kStatBytes = kMT * kGroupWarps * 16 * 4;  // row maxima, row sums
-  static constexpr int kSpartOffset = kStages * kStageBytes;
-  static constexpr int kPOffset = kSpartOffset + kSpartBytes;
-  static constexpr int kMaxOffset = kPOffset + kPBytes;
-  static constexpr int kSumOffset = kMaxOffset + kStatBytes;
-  static constexpr int kBarOffset = kSumOffset + kStatBytes;
-  static constexpr int kSmemBytes = kBarOffset + 8 * kStages;
-  static constexpr int kThreads = kMT * kGroupWarps * 32;
-  static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
-};
-
-__device__ __forceinline__ uint32_t Ld32(const uint16_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-template <typename KV, bool kQBf16, int kMT, bool kDeep>
-__global__ void __launch_bounds__(kMT* kGroupWarps * 32, 2 / kMT)
-    MlaV1Kernel(const __grid_constant__ MlaParams p) {
-  using C = MlaV1Config<KV, kMT, kDeep>;
-  constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
-  constexpr bool kMB = C::kMmaBf16;
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int s_item;
-
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int mt = warp / kGroupWarps;  // head group
-  const int w = warp % kGroupWarps;
-  const int dq = w % 4;  // key-dim quarter in S = Q K^T
-  const int th = w / 4;  // token half in S = Q K^T
-  const int r = lane / 4;
-  const int qd = lane % 4;
-  const int fh = lane / 2;  // finishing role: head fh, tokens 4w + 2 (lane % 2) + {0, 1}
-  const int ft = 4 * w + 2 * (lane % 2);
-  const int bar_id = 1 + mt;
-  const uint32_t smem_base = detail::SmemAddr(smem);
-  float* spart = reinterpret_cast<float*>(smem + C::kSpartOffset) + mt * 4 * 16 * C::kSpartStride;
-  uint16_t* pbuf = reinterpret_cast<uint16_t*>(smem + C::kPOffset) + mt * 16 * C::kPStride;
-  float* rowmax = reinterpret_cast<float*>(smem + C::kMaxOffset) + mt * kGroupWarps * 16;
-  float* rowsum = reinterpret_cast<float*>(smem + C::kSumOffset) + mt * kGroupWarps * 16;
-  const uint32_t bars = smem_base + C::kBarOffset;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < C::kStages; ++s) detail::MbarInit(bars + 8 * s, 1);
-    detail::FenceBarrierInit();
-  }
-  __syncthreads();
-
-  uint32_t it = 0;  // tiles this block has consumed so far (drives stages and parities)
-  while (true) {
-    if (threadIdx.x == 0) s_item = atomicAdd(p.ws.counter, 1);
-    __syncthreads();
-    const int item = s_item;
-    __syncthreads();
-    if (item >= p.total_items) break;
-    int t = item;
-    const int hc = t % p.hchunks;
-    t /= p.hchunks;
-    const int b = t % p.batch;
-    const int split = t / p.batch;
-    const int len = p.seq_lens[b];
-    const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
-    if (split >= nsplit) continue;
-    const int start = split * p.chunk;
-    const int end = min(len, start + p.chunk);
-    const int ntiles = (end - start + kTile - 1) / kTile;
-    const int head_base = (hc * kMT + mt) * 16;
-    const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
-
-    // Query fragments for this warp's 9 k-steps; rows r and r + 8 are heads head_base + r, +8.
-    uint32_t qa[kKStepsPerWarp][4];
-    {
-      const uint16_t* q0 = static_cast<const uint16_t*>(p.q) +
-                           (size_t{1} * b * p.num_heads + head_base + r) * kMlaKDim;
-      const uint16_t* q8 = q0 + 8 * kMlaKDim;
-#pragma unroll
-      for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-        const int ks = dq * kKStepsPerWarp + kk;
-        const int d0 = kFp8 ? 16 * ks + 4 * qd : 16 * ks + 2 * qd;
-        const int hi = kFp8 ? 2 : 8;
-        qa[kk][0] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0));
-        qa[kk][1] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0));
-        qa[kk][2] = detail::ConvertPair<kQBf16, kMB>(Ld32(q0 + d0 + hi));
-        qa[kk][3] = detail::ConvertPair<kQBf16, kMB>(Ld32(q8 + d0 + hi));
-      }
-    }
-
-    // Warp 0 loads tile k: lane j copies the row of token start + 32k + j (clamped to the
-    // last token of the sequence). The block id of the next tile is fetched right after a tile
-    // is issued, so its latency hides behind the compute of the tiles in between.
-    auto block_of = [&](int k) {
-      const int tok = min(start + k * kTile + lane, end - 1);
-      return __ldg(table + tok / p.block_size);
-    };
-    auto issue = [&](int k, int blk) {
-      const uint32_t g = it + k;
-      const uint32_t stage = g % C::kStages;
-      const uint32_t bar = bars + 8 * stage;
-      detail::FenceProxyAsync();
-      if (lane == 0) detail::MbarArriveExpectTx(bar, kTile * C::kRowBytes);
-      __syncwarp();
-      const int tok = min(start + k * kTile + lane, end - 1);
-      const uint8_t* src = p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
-      detail::BulkCopyG2S(smem_base + stage * C::kStageBytes + lane * C::kPitch, src, C::kRowBytes,
-                          bar);
-    };
-    int next_blk = 0;  // warp 0: block id of tile `issued`
-    int issued = 0;
-    auto issue_next = [&] {
-      issue(issued, next_blk);
-      ++issued;
-      if (issued < ntiles) next_blk = block_of(issued);
-    };
-    if (warp == 0 && ntiles > 0) {
-      next_blk = block_of(0);
-      while (issued < min(C::kStages, ntiles)) issue_next();
-    }
-
-    float m_fin = -INFINITY;                 // running max of head fh (finishing role)
-    float m_pv[2] = {-INFINITY, -INFINITY};  // running max of heads r, r + 8 (P V role)
-    float l_pv[2] = {0.0f, 0.0f};
-    float acc[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-
-    for (int k = 0; k < ntiles; ++k) {
-      const uint32_t g = it + k;
-      const uint32_t stage = g % C::kStages;
-      detail::MbarWait(bars + 8 * stage, (g / C::kStages) & 1);
-      const uint32_t kv_s = smem_base + stage * C::kStageBytes;
-      const int tok0 = start + k * kTile;
-
-      // 1. Partial scores: key dims of quarter dq, tokens 16 th .. 16 th + 15 (two n-tiles).
-      // Even and odd k-steps accumulate separately: four independent MMA chains, not two.
-      float s[2][4], s2[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.0f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kKStepsPerWarp; ++kk) {
-        const int ks = dq * kKStepsPerWarp + kk;
-        float(&sa)[2][4] = (kk & 1) ? s2 : s;
-        if constexpr (kFp8) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int row = 16 * th + 8 * j + r;
-            const uint32_t x = detail::LdShared4(kv_s + row * C::kPitch + 16 * ks + 4 * qd);
-            uint32_t lo, hi;
-            detail::Fp8x4ToHalf2x2(x, lo, hi);
-            detail::Mma16816<kMB>(sa[j], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], lo, hi);
-          }
-        } else {
-          const int mat = lane / 8;
-          const int row = 16 * th + 8 * (mat >> 1) + lane % 8;
-          const int col = 16 * ks + 8 * (mat & 1);
-          uint32_t b0, b1, b2, b3;
-          detail::LdMatrixX4(kv_s + row * C::kPitch + col * 2, b0, b1, b2, b3);
-          detail::Mma16816<kMB>(sa[0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
-          detail::Mma16816<kMB>(sa[1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[j][c] += s2[j][c];
-      }
-      {
-        float* my_part = spart + dq * 16 * C::kSpartStride;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            *reinterpret_cast<float2*>(my_part + (r + 8 * hf) * C::kSpartStride + 16 * th + 8 * j +
-                                       2 * qd) = make_float2(s[j][2 * hf], s[j][2 * hf + 1]);
-          }
-        }
-      }
-      detail::NamedBarrier(bar_id, kGroupWarps * 32);
-
-      // 2. Finish tokens ft, ft + 1 of head fh: sum the quarters, scale, mask, tile maxima.
-      float2 sc = make_float2(0.0f, 0.0f);
-#pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
-        const float2 v =
-            *reinterpret_cast<const float2*>(spart + (qq * 16 + fh) * C::kSpartStride + ft);
-        sc.x += v.x;
-        sc.y += v.y;
-      }
-      sc.x = tok0 + ft < end ? sc.x * p.scale_log2 : -INFINITY;
-      sc.y = tok0 + ft + 1 < end ? sc.y * p.scale_log2 : -INFINITY;
-      float fmx = fmaxf(sc.x, sc.y);
-      fmx = fmaxf(fmx, __shfl_xor_sync(kFull, fmx, 1));
-      if ((lane & 1) == 0) rowmax[w * 16 + fh] = fmx;
-      detail::NamedBarrier(bar_id, kGroupWarps * 32);
-
-      // 3. New maxima (identical in every warp); P and row sums of the finishing role.
-      float tmax = -INFINITY, tmax_pv[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int ww = 0; ww < kGroupWarps; ++ww) {
-        tmax = fmaxf(tmax, rowmax[ww * 16 + fh]);
-        tmax_pv[0] = fmaxf(tmax_pv[0], rowmax[ww * 16 + r]);
-        tmax_pv[1] = fmaxf(tmax_pv[1], rowmax[ww * 16 + r + 8]);
-      }
-      m_fin = fmaxf(m_fin, tmax);  // finite: token 0 of a tile is always valid
-      const float p0 = exp2f(sc.x - m_fin), p1 = exp2f(sc.y - m_fin);
-      *reinterpret_cast<uint32_t*>(pbuf + fh * C::kPStride + ft) = detail::PackFloat2<kMB>(p0, p1);
-      float fsum = p0 + p1;
-      fsum += __shfl_xor_sync(kFull, fsum, 1);
-      if ((lane & 1) == 0) rowsum[w * 16 + fh] = fsum;
-      float alpha[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float m_new = fmaxf(m_pv[hf], tmax_pv[hf]);
-        alpha[hf] = exp2f(m_pv[hf] - m_new);
-        m_pv[hf] = m_new;
-      }
-      detail::NamedBarrier(bar_id, kGroupWarps * 32);
-
-      // 4. O = O * alpha + P V over this warp's 64 value dims.
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int ww = 0; ww < kGroupWarps; ++ww) sum += rowsum[ww * 16 + r + 8 * hf];
-        l_pv[hf] = l_pv[hf] * alpha[hf] + sum;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        acc[i][0] *= alpha[0];
-        acc[i][1] *= alpha[0];
-        acc[i][2] *= alpha[1];
-        acc[i][3] *= alpha[1];
-      }
-      const int slice = w * kVSlice;
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        uint32_t pa[4];
-        {
-          const int mat = lane / 8;
-          const int prow = 8 * (mat & 1) + lane % 8;
-          const int pcol = 16 * kk + 8 * (mat >> 1);
-          detail::LdMatrixX4(detail::SmemAddr(pbuf + prow * C::kPStride + pcol), pa[0], pa[1],
-                             pa[2], pa[3]);
-        }
-        if constexpr (kFp8) {
-          const int t0 = 16 * kk + 2 * qd;
-#pragma unroll
-          for (int gm = 0; gm < 2; ++gm) {
-            const uint32_t off = kv_s + slice + 32 * gm + 4 * r;
-            uint32_t lo[4], hi[4];
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + t0 * C::kPitch), lo[0], hi[0]);
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + (t0 + 1) * C::kPitch), lo[1], hi[1]);
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + (t0 + 8) * C::kPitch), lo[2], hi[2]);
-            detail::Fp8x4ToHalf2x2(detail::LdShared4(off + (t0 + 9) * C::kPitch), lo[3], hi[3]);
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              const uint32_t sel = (jj & 1) ? 0x7632 : 0x5410;
-              const uint32_t* x = jj < 2 ? lo : hi;
-              detail::Mma16816<kMB>(acc[4 * gm + jj], pa[0], pa[1], pa[2], pa[3],
-                                    __byte_perm(x[0], x[1], sel), __byte_perm(x[2], x[3], sel));
-            }
-          }
-        } else {
-          const int mat = lane / 8;
-          const int row = 16 * kk + 8 * (mat & 1) + lane % 8;
-#pragma unroll
-          for (int ntp = 0; ntp < 4; ++ntp) {
-            const int col = slice + 8 * (2 * ntp + (mat >> 1));
-            uint32_t b0, b1, b2, b3;
-            detail::LdMatrixX4Trans(kv_s + row * C::kPitch + col * 2, b0, b1, b2, b3);
-            detail::Mma16816<kMB>(acc[2 * ntp], pa[0], pa[1], pa[2], pa[3], b0, b1);
-            detail::Mma16816<kMB>(acc[2 * ntp + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
-          }
-        }
-      }
-      __syncthreads();  // the stage, the partial scores, P and the row statistics are free
-      if (warp == 0 && issued < ntiles) issue_next();
-    }
-    it += ntiles;
-
-    // Outputs of heads r and r + 8 for this warp's value slice.
-    float inv[2], lse[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float l = l_pv[hf];
-      inv[hf] = l > 0.0f ? p.v_scale / l : 0.0f;
-      lse[hf] = l > 0.0f ? (m_pv[hf] + __log2f(l)) * detail::kLn2 : -INFINITY;
-    }
-    const bool direct = nsplit == 1;
-    const int slice = w * kVSlice;
-    auto emit = [&](int hf, int d, float v0, float v1) {
-      const int head = head_base + r + 8 * hf;
-      if (direct) {
-        uint32_t* out =
-            static_cast<uint32_t*>(p.o) + ((size_t{1} * b * p.num_heads + head) * kMlaVDim + d) / 2;
-        *out = detail::PackFloat2<kQBf16>(v0 * inv[hf], v1 * inv[hf]);
-      } else {
-        const size_t row = (size_t{1} * b * p.max_splits + split) * p.num_heads + head;
-        *reinterpret_cast<float2*>(p.ws.part_o + row * kMlaVDim + d) =
-            make_float2(v0 * inv[hf], v1 * inv[hf]);
-      }
-    };
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      if constexpr (kFp8) {
-#pragma unroll
-        for (int gm = 0; gm < 2; ++gm) {
-#pragma unroll
-          for (int pj = 0; pj < 2; ++pj) {
-#pragma unroll
-            for (int c01 = 0; c01 < 2; ++c01) {
-              const int d = slice + 32 * gm + 8 * qd + 4 * c01 + 2 * pj;
-              emit(hf, d, acc[4 * gm + 2 * pj][2 * hf + c01],
-                   acc[4 * gm + 2 * pj + 1][2 * hf + c01]);
-            }
-          }
-        }
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          emit(hf, slice + 8 * nt + 2 * qd, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-        }
-      }
-      if (w == 0 && qd == 0) {
-        const int head = head_base + r + 8 * hf;
-        if (direct) {
-          if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_heads + head] = lse[hf];
-        } else {
-          p.ws.part_lse[(size_t{1} * b * p.max_splits + split) * p.num_heads + head] = lse[hf];
-        }
-      }
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The kernel (see the design note at the top of this file).
@@ -539,15 +176,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int cur = item;
       const int next = take();  // its latency overlaps this item's copies
-      const int t = item / p.hchunks;
-      const int b = t % p.batch;
-      const int split = t / p.batch;
+      const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
+      const int b = wi.x;
       item = next;
       const int len = p.seq_lens[b];
-      const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
-      if (split >= nsplit) continue;
-      const int start = split * p.chunk;
-      const int end = min(len, start + p.chunk);
+      const int start = wi.z;
+      const int end = max(start, min(len, wi.w));
       const int nst = 2 * ((end - start + kTileTokens - 1) / kTileTokens);
       if (nst == 0) {
         const uint32_t s = acquire();
@@ -641,17 +275,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     detail::MbarWait(full + 8 * s0, (g / kS) & 1);
     const int item = meta[s0];
     if (item < 0) break;
-    int t = item;
-    const int hc = t % p.hchunks;
-    t /= p.hchunks;
-    const int b = t % p.batch;
-    const int split = t / p.batch;
+    const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + item);  // seq, unit, start, end
+    const int b = wi.x;
     const int len = p.seq_lens[b];
-    const int nsplit = max(1, (len + p.chunk - 1) / p.chunk);
-    const int start = split * p.chunk;
-    const int end = min(len, start + p.chunk);
+    const int start = wi.z;
+    const int end = max(start, min(len, wi.w));
     const int ntiles = (end - start + kTileTokens - 1) / kTileTokens;
-    const int head_base = hc * kN;
+    const int head_base = wi.y * kN;
 
     // The query of this item's heads into shared memory as 16-bit MMA operands. With e4m3
     // keys the dims are permuted inside each k-step as the keys' fragments are (below). The
@@ -957,7 +587,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Nobody may overwrite the sums before all have read them: the next item's first write
     // of wsum comes after its query barrier, which every warp reaches after this point.
 
-    const bool direct = nsplit == 1;
+    const int slot = __ldg(&p.ws.items[item].slot);  // read late: one register less in the loop
+    const bool direct = slot < 0;
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
 #pragma unroll
@@ -979,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 static_cast<uint16_t*>(p.o) + (size_t{1} * b * p.num_heads + head) * kMlaVDim + d;
             *out = static_cast<uint16_t>(detail::PackFloat2<kQBf16>(v, 0.0f) & 0xffffu);
           } else {
-            const size_t row = (size_t{1} * b * p.max_splits + split) * p.num_heads + head;
+            const size_t row = size_t{1} * slot * p.num_heads + head;
             p.ws.part_o[row * kMlaVDim + d] = v;
           }
         }
@@ -994,54 +625,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (direct) {
             if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_heads + head] = lse[nt][e];
           } else {
-            p.ws.part_lse[(size_t{1} * b * p.max_splits + split) * p.num_heads + head] = lse[nt][e];
+            p.ws.part_lse[size_t{1} * slot * p.num_heads + head] = lse[nt][e];
           }
         }
       }
     }
   }
-}
-
-// Plans the split size, carves the workspace, launches `kernel` on a persistent grid of `ctas`
-// blocks over items of `heads_per_item` heads and merges the splits; with `need` set, only
-// computes the workspace this call would use at most and stores it.
-template <bool kOutBf16, typename Kernel>
-cudaError_t LaunchMla(Kernel kernel, int threads, int smem_bytes, int ctas, int heads_per_item,
-                      int granule, MlaParams p, int max_seq_len, size_t workspace_bytes,
-                      void* workspace, cudaStream_t stream, size_t* need) {
-  if (ctas <= 0) return cudaErrorInvalidConfiguration;
-  p.hchunks = p.num_heads / heads_per_item;
-  auto chunk_for = [&](int cap) {
-    return detail::ChooseChunk(int64_t{p.batch} * p.hchunks, max_seq_len, ctas, granule,
-                               /*min_chunk=*/256, /*waves=*/4, cap);
-  };
-  if (need != nullptr) {
-    *need = detail::SplitWorkspaceBytes(p.batch, detail::NumSplits(max_seq_len, chunk_for(0)),
-                                        p.num_heads, kMlaVDim);
-    return cudaSuccess;
-  }
-  if (workspace_bytes < detail::kCounterBytes) return cudaErrorInvalidValue;
-  const int64_t per_split = int64_t{4} * p.batch * p.num_heads * (kMlaVDim + 1);
-  const int cap = static_cast<int>(std::clamp<int64_t>(
-      (static_cast<int64_t>(workspace_bytes) - detail::kCounterBytes) / per_split, 1, 1 << 20));
-  const int chunk = chunk_for(cap);
-  p.chunk = chunk;
-  p.max_splits = detail::NumSplits(max_seq_len, chunk);
-  p.ws = detail::CarveSplitWorkspace(workspace, p.batch, p.max_splits, p.num_heads);
-  const int64_t items = int64_t{p.max_splits} * p.batch * p.hchunks;
-  if (items > INT32_MAX) return cudaErrorInvalidValue;
-  p.total_items = static_cast<int>(items);
-  if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
-    return e;
-  }
-  const int grid = static_cast<int>(std::min<int64_t>(ctas, items));
-  kernel<<<grid, threads, smem_bytes, stream>>>(p);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (p.max_splits > 1) {
-    return detail::LaunchMergeSplits<kOutBf16, kMlaVDim>(p.ws, p.seq_lens, p.batch, p.num_heads,
-                                                         p.max_splits, chunk, p.o, p.lse, stream);
-  }
-  return cudaSuccess;
 }
 
 // Blocks of `kernel` that fit on the device at once (0 if it cannot run).
@@ -1060,14 +649,30 @@ int ResidentCtasOf(Kernel kernel, int threads, int smem_bytes) {
 }
 
 template <typename KV, bool kQBf16, int kN, bool kTma>
-cudaError_t RunMla(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                   cudaStream_t stream, size_t* need) {
+struct MlaLauncher {
   using C = MlaConfig<KV, kN, kTma>;
-  auto kernel = MlaDecodeKernel<KV, kQBf16, kN, kTma>;
-  static const int ctas = ResidentCtasOf(kernel, kThreads, C::kSmemBytes);
-  return LaunchMla<kQBf16>(kernel, kThreads, C::kSmemBytes, ctas, kN, kTileTokens, p, max_seq_len,
-                           ws_bytes, ws, stream, need);
-}
+
+  static int ResidentCtas() {
+    static const int ctas =
+        ResidentCtasOf(MlaDecodeKernel<KV, kQBf16, kN, kTma>, kThreads, C::kSmemBytes);
+    return ctas;
+  }
+
+  // Persistent blocks take the plan's items from the work counter (longest first); the merge
+  // kernel combines the split sequences.
+  static cudaError_t Run(const MlaDecodePlan& plan, MlaParams p, cudaStream_t stream) {
+    p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
+    p.total_items = static_cast<int>(plan.split.items.size());
+    if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
+      return e;
+    }
+    MlaDecodeKernel<KV, kQBf16, kN, kTma><<<plan.split.grid, kThreads, C::kSmemBytes, stream>>>(p);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    return detail::LaunchMergePartials<kQBf16, kMlaVDim>(
+        p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_heads, p.o,
+        p.lse, stream);
+  }
+};
 
 // The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
@@ -1105,82 +710,188 @@ bool EncodeKvMap(MlaParams& p, int eb, bool bf16) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Tensor copies where the block size is a multiple of 16 (boxes never cross a block) and the
-// driver offers the encoder; one bulk copy per row otherwise, and for e4m3 caches at 32 heads
-// per block (whose tensor-copy kernel spills registers and measured slower).
-template <typename KV, bool kQBf16, int kN>
-cudaError_t RunMlaCopies(MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                         cudaStream_t stream, size_t* need, bool allow_tma = true) {
-  if constexpr (!(std::is_same_v<KV, Fp8Tag> && kN == 32)) {
-    if (allow_tma && p.block_size % 16 == 0) {
-      p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
-      if (need != nullptr || EncodeKvMap(p, KvTraits<KV>::kBytes, std::is_same_v<KV, Bf16Tag>)) {
-        return RunMla<KV, kQBf16, kN, true>(p, max_seq_len, ws_bytes, ws, stream, need);
+template <int kV>
+using Int = std::integral_constant<int, kV>;
+template <bool kV>
+using Bool = std::integral_constant<bool, kV>;
+
+// Calls f(KV{}, Bool<kQBf16>{}, Int<kN>{}, Bool<kTma>{}) for the kernel of these types, heads
+// per block and copy kind; false where there is none (e4m3 at 32 heads per block has no
+// tensor-copy build: it spilled registers and measured slower).
+template <typename F>
+bool WithMlaKernel(DType q_type, DType kv_type, int heads_per_block, bool tma, F&& f) {
+  auto by_heads = [&](auto kv, auto qbf16) {
+    constexpr bool kFp8 = std::is_same_v<decltype(kv), Fp8Tag>;
+    if (heads_per_block == 16) {
+      if (tma) {
+        f(kv, qbf16, Int<16>{}, Bool<true>{});
+      } else {
+        f(kv, qbf16, Int<16>{}, Bool<false>{});
+      }
+      return true;
+    }
+    if (heads_per_block == 32) {
+      if (!tma) {
+        f(kv, qbf16, Int<32>{}, Bool<false>{});
+        return true;
+      }
+      if constexpr (!kFp8) {
+        f(kv, qbf16, Int<32>{}, Bool<true>{});
+        return true;
       }
     }
+    return false;
+  };
+  switch (kv_type) {
+    case DType::kBF16:
+      return q_type == DType::kBF16 && by_heads(Bf16Tag{}, Bool<true>{});
+    case DType::kFP16:
+      return q_type == DType::kFP16 && by_heads(Fp16Tag{}, Bool<false>{});
+    case DType::kFP8E4M3:
+      if (q_type == DType::kBF16) return by_heads(Fp8Tag{}, Bool<true>{});
+      if (q_type == DType::kFP16) return by_heads(Fp8Tag{}, Bool<false>{});
+      return false;
   }
-  return RunMla<KV, kQBf16, kN, false>(p, max_seq_len, ws_bytes, ws, stream, need);
+  return false;
 }
 
-// The previous kernel, kept as a benchmark variant (KernelTuning::mla_variant).
-template <typename KV, bool kQBf16, int kMT, bool kDeep = false>
-cudaError_t RunMlaV1(const MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                     cudaStream_t stream, size_t* need) {
-  using C = MlaV1Config<KV, kMT, kDeep>;
-  auto kernel = MlaV1Kernel<KV, kQBf16, kMT, kDeep>;
-  static const int ctas = ResidentCtasOf(kernel, C::kThreads, C::kSmemBytes);
-  return LaunchMla<kQBf16>(kernel, C::kThreads, C::kSmemBytes, ctas, 16 * kMT, kTile, p,
-                           max_seq_len, ws_bytes, ws, stream, need);
+constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the cost model
+
+struct MlaBasis {
+  int heads_per_block = 0;
+  bool tma = false;
+  SplitPlanInput in;
+};
+
+KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_type,
+                          const int32_t* host_seq_lens, int max_seq_len,
+                          const MlaDecodeOptions& options, MlaBasis* basis) {
+  if (KernelStatus st = MlaDecodeSupported(shape, q_type, kv_type); !st.ok()) return st;
+  if (max_seq_len < 0) return KernelStatus::Refused("MlaDecode: max_seq_len is negative");
+  const bool fp8 = kv_type == DType::kFP8E4M3;
+  int hpb = options.heads_per_block;
+  if (hpb == 0) hpb = shape.num_heads % 32 == 0 ? 32 : 16;
+  if ((hpb != 16 && hpb != 32) || shape.num_heads % hpb != 0) {
+    return KernelStatus::Refused("MlaDecode: " + std::to_string(hpb) +
+                                 " heads per block (16 or 32, dividing num_heads " +
+                                 std::to_string(shape.num_heads) + ")");
+  }
+  const bool tma = !options.row_copies && shape.block_size % 16 == 0 && !(fp8 && hpb == 32) &&
+                   TensorMapEncoder() != nullptr;
+  int ctas = 0;
+  WithMlaKernel(q_type, kv_type, hpb, tma, [&](auto kv, auto qbf16, auto n, auto t) {
+    ctas = MlaLauncher<decltype(kv), decltype(qbf16)::value, decltype(n)::value,
+                       decltype(t)::value>::ResidentCtas();
+  });
+  if (ctas <= 0) {
+    const cudaError_t e = cudaGetLastError();
+    return {static_cast<int>(e == cudaSuccess ? cudaErrorInvalidConfiguration : e),
+            std::string("MlaDecode: the kernel cannot run on this device (") +
+                cudaGetErrorString(e) + ")"};
+  }
+  basis->heads_per_block = hpb;
+  basis->tma = tma;
+  SplitPlanInput& in = basis->in;
+  in.batch = shape.batch;
+  in.units_per_seq = shape.num_heads / hpb;
+  in.seq_lens = host_seq_lens;
+  in.max_seq_len = std::max(max_seq_len, 1);
+  in.ctas = ctas;
+  in.granule = kTileTokens;
+  in.min_chunk = 256;
+  in.granule_us = double{kTileTokens} * kMlaKDim * DTypeBytes(kv_type) * ctas / kReadBytesPerUs;
+  in.item_us = 5.0;
+  in.merge_us = 4.0;
+  in.counter_us = 2.0;
+  in.max_slots = ctas;
+  // Measured: 64 ragged sequences of 1k-16k at 16 heads took 277 us under the model's best plan
+  // (141 items on 132 blocks) and 231 us under one of 128 items: the blocks left running speed
+  // up when others finish, which the model does not see.
+  in.one_wave = true;
+  in.forced_chunk = options.chunk;
+  in.uniform = options.uniform;
+  return KernelStatus::Ok();
 }
 
-template <typename KV, bool kQBf16>
-cudaError_t DispatchHeads(MlaParams& p, int max_seq_len, size_t ws_bytes, void* ws,
-                          cudaStream_t stream, size_t* need) {
-  const bool by32 = p.num_heads % 32 == 0;
-  switch (GetKernelTuning().mla_variant) {
-    case 1:
-      if (by32) return RunMlaV1<KV, kQBf16, 2>(p, max_seq_len, ws_bytes, ws, stream, need);
-      return RunMlaV1<KV, kQBf16, 1>(p, max_seq_len, ws_bytes, ws, stream, need);
-    case 2:
-      return RunMlaV1<KV, kQBf16, 1, true>(p, max_seq_len, ws_bytes, ws, stream, need);
-    case 3:
-      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
-    case 4:
-      if (by32) {
-        return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need, false);
-      }
-      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need, false);
-    default:
-      if (by32) return RunMlaCopies<KV, kQBf16, 32>(p, max_seq_len, ws_bytes, ws, stream, need);
-      return RunMlaCopies<KV, kQBf16, 16>(p, max_seq_len, ws_bytes, ws, stream, need);
+}  // namespace
+
+KernelStatus MlaDecodeSupported(const MlaDecodeShape& shape, DType q_type, DType kv_type) {
+  auto refuse = [](const std::string& why) { return KernelStatus::Refused("MlaDecode: " + why); };
+  if (shape.batch < 0) return refuse("negative batch");
+  if (shape.num_heads <= 0 || shape.num_heads % 16 != 0) {
+    return refuse("num_heads " + std::to_string(shape.num_heads) +
+                  " is not a positive multiple of 16");
   }
+  if (shape.block_size <= 0) return refuse("block_size must be positive");
+  if (shape.block_stride < int64_t{shape.block_size} * kMlaKDim) {
+    return refuse("block_stride is smaller than block_size * 576");
+  }
+  if ((shape.block_stride * DTypeBytes(kv_type)) % 16 != 0) {
+    return refuse("block_stride must keep every block 16-byte aligned");
+  }
+  if (q_type == DType::kFP8E4M3) return refuse("queries cannot be e4m3 (bf16 or fp16)");
+  if (kv_type != q_type && kv_type != DType::kFP8E4M3) {
+    return refuse("the cache must have the query's type or be e4m3");
+  }
+  return KernelStatus::Ok();
 }
 
-// Validates, fills the parameters and dispatches; with `need` set, plans only.
-cudaError_t MlaDispatch(const void* q, DType q_type, const void* kv_cache, DType kv_type,
-                        const int32_t* block_tables, const int32_t* seq_lens, int max_seq_len,
-                        const MlaDecodeShape& shape, const AttentionScales& scales, void* o,
-                        float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                        size_t* need) {
-  if (shape.batch <= 0) {
-    if (need != nullptr) *need = detail::kCounterBytes;
-    return cudaSuccess;
+size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, DType q_type, DType kv_type,
+                               int max_seq_len, const MlaDecodeOptions& options) {
+  MlaBasis basis;
+  if (!MakeMlaBasis(shape, q_type, kv_type, nullptr, max_seq_len, options, &basis).ok()) return 0;
+  return DecodeWorkspaceBytes(basis.in, shape.num_heads, kMlaVDim);
+}
+
+KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_type,
+                           const int32_t* host_seq_lens, int max_seq_len, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream, MlaDecodePlan* plan,
+                           const MlaDecodeOptions& options) {
+  if (plan == nullptr) return KernelStatus::Refused("PlanMlaDecode: no plan to fill");
+  *plan = MlaDecodePlan{};
+  MlaBasis basis;
+  if (KernelStatus st =
+          MakeMlaBasis(shape, q_type, kv_type, host_seq_lens, max_seq_len, options, &basis);
+      !st.ok()) {
+    return st;
   }
-  if (shape.num_heads <= 0 || shape.num_heads % 16 != 0 || shape.block_size <= 0 ||
-      max_seq_len < 0 || (workspace == nullptr && need == nullptr)) {
-    return cudaErrorInvalidValue;
+  if (workspace == nullptr) return KernelStatus::Refused("PlanMlaDecode: no workspace");
+  SplitPlanInput& in = basis.in;
+  if (KernelStatus st =
+          PlanSplitsInWorkspace("PlanMlaDecode", &in, shape.num_heads, kMlaVDim,
+                                workspace_bytes, &plan->split, &plan->layout);
+      !st.ok()) {
+    return st;
   }
-  if (q_type == DType::kFP8E4M3) return cudaErrorInvalidValue;
-  if (kv_type != q_type && kv_type != DType::kFP8E4M3) return cudaErrorInvalidValue;
-  const int eb = DTypeBytes(kv_type);
+  plan->shape = shape;
+  plan->q_type = q_type;
+  plan->kv_type = kv_type;
+  plan->max_seq_len = in.max_seq_len;
+  plan->heads_per_block = basis.heads_per_block;
+  plan->tma = basis.tma;
+  plan->workspace = workspace;
+  if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
+      e != cudaSuccess) {
+    return {static_cast<int>(e), std::string("PlanMlaDecode: ") + cudaGetErrorString(e)};
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* kv_cache,
+                          const int32_t* block_tables, const int32_t* seq_lens,
+                          const AttentionScales& scales, void* o, float* lse, cudaStream_t stream) {
+  const MlaDecodeShape& shape = plan.shape;
+  if (shape.batch == 0) return KernelStatus::Ok();
+  if (plan.workspace == nullptr) return KernelStatus::Refused("RunMlaDecode: the plan is empty");
+  if ((reinterpret_cast<uintptr_t>(kv_cache) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(q) & 15) != 0 || (reinterpret_cast<uintptr_t>(o) & 15) != 0) {
+    return KernelStatus::Refused("RunMlaDecode: q, o and kv_cache must be 16-byte aligned");
+  }
+  const int eb = DTypeBytes(plan.kv_type);
   MlaParams p{};
   p.q = q;
   p.kv = static_cast<const uint8_t*>(kv_cache);
   p.block_stride = shape.block_stride * eb;
-  if ((reinterpret_cast<uintptr_t>(kv_cache) & 15) != 0 || (p.block_stride & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(q) & 15) != 0 || (reinterpret_cast<uintptr_t>(o) & 15) != 0) {
-    return cudaErrorInvalidValue;
-  }
   p.block_tables = block_tables;
   p.seq_lens = seq_lens;
   p.o = o;
@@ -1191,40 +902,37 @@ cudaError_t MlaDispatch(const void* q, DType q_type, const void* kv_cache, DType
   p.max_blocks_per_seq = shape.max_blocks_per_seq;
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
-  max_seq_len = std::max(max_seq_len, 1);
-  const size_t wb = workspace_bytes;
-  switch (kv_type) {
-    case DType::kBF16:
-      return DispatchHeads<Bf16Tag, true>(p, max_seq_len, wb, workspace, stream, need);
-    case DType::kFP16:
-      return DispatchHeads<Fp16Tag, false>(p, max_seq_len, wb, workspace, stream, need);
-    case DType::kFP8E4M3:
-      if (q_type == DType::kBF16) {
-        return DispatchHeads<Fp8Tag, true>(p, max_seq_len, wb, workspace, stream, need);
-      }
-      return DispatchHeads<Fp8Tag, false>(p, max_seq_len, wb, workspace, stream, need);
+  bool tma = plan.tma;
+  if (tma) {
+    p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
+    tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16);
+    if (!tma) {
+      return KernelStatus::Refused("RunMlaDecode: the copy engine refused the cache's tensor map");
+    }
   }
-  return cudaErrorInvalidValue;
-}
-
-}  // namespace
-
-size_t MlaDecodeWorkspaceBytes(const MlaDecodeShape& shape, DType q_type, DType kv_type,
-                               int max_seq_len) {
-  size_t need = 0;
-  if (MlaDispatch(nullptr, q_type, nullptr, kv_type, nullptr, nullptr, max_seq_len, shape,
-                  AttentionScales{}, nullptr, nullptr, nullptr, 0, nullptr, &need) != cudaSuccess) {
-    return 0;
+  cudaError_t e = cudaSuccess;
+  const bool found =
+      WithMlaKernel(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
+                    [&](auto kv, auto qbf16, auto n, auto t) {
+                      e = MlaLauncher<decltype(kv), decltype(qbf16)::value, decltype(n)::value,
+                                      decltype(t)::value>::Run(plan, p, stream);
+                    });
+  if (!found) return KernelStatus::Refused("RunMlaDecode: the plan names no kernel");
+  if (e != cudaSuccess) {
+    return {static_cast<int>(e), std::string("RunMlaDecode: ") + cudaGetErrorString(e)};
   }
-  return need;
+  return KernelStatus::Ok();
 }
 
 cudaError_t MlaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_type,
                       const int32_t* block_tables, const int32_t* seq_lens, int max_seq_len,
                       const MlaDecodeShape& shape, const AttentionScales& scales, void* o,
                       float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  return MlaDispatch(q, q_type, kv_cache, kv_type, block_tables, seq_lens, max_seq_len, shape,
-                     scales, o, lse, workspace, workspace_bytes, stream, nullptr);
+  MlaDecodePlan plan;
+  KernelStatus st = PlanMlaDecode(shape, q_type, kv_type, nullptr, max_seq_len, workspace,
+                                  workspace_bytes, stream, &plan);
+  if (st.ok()) st = RunMlaDecode(plan, q, kv_cache, block_tables, seq_lens, scales, o, lse, stream);
+  return static_cast<cudaError_t>(st.cuda_error);
 }
 
 }  // namespace kvpool::kernels

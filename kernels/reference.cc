@@ -1,5 +1,6 @@
 #include "kernels/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -110,6 +111,21 @@ void CpuMlaDecode(const void* q, DType q_type, const void* kv_cache, DType kv_ty
                 scales.v_scale, kv_type, row_at, row_at, o + bh * kMlaVDim, lse + bh);
     }
   }
+}
+
+std::vector<int32_t> SeededLengths(int batch, int lo, int hi, uint64_t seed) {
+  std::vector<int32_t> lens(std::max(batch, 0));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;  // splitmix64: fixed across standard libraries
+  for (int32_t& len : lens) {
+    x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    len = lo + static_cast<int32_t>(z % static_cast<uint64_t>(hi - lo + 1));
+  }
+  if (!lens.empty()) lens[0] = hi;
+  return lens;
 }
 
 }  // namespace kvpool::kernels

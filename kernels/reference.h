@@ -5,6 +5,7 @@
 // of a KvSegment and the cache pointers are ordinary host pointers. Not tuned; thread-compatible.
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/types.h"
 
@@ -39,5 +40,10 @@ void CpuMlaDecode(const void* q, DType q_type,          // [batch, num_heads, 57
                   const MlaDecodeShape& shape, const AttentionScales& scales,
                   float* o,     // [batch, num_heads, 512]
                   float* lse);  // [batch, num_heads]
+
+// Ragged lengths of the benchmark matrix and its checks: `batch` lengths drawn uniformly from
+// [lo, hi] by a seeded generator (the same on every machine), the first one set to hi so that
+// the longest sequence is always present.
+std::vector<int32_t> SeededLengths(int batch, int lo, int hi, uint64_t seed);
 
 }  // namespace kvpool::kernels

@@ -3,9 +3,9 @@
 # against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
 # Logs and tables go to $OUT (or ./gpu-out).
 #
-#   bash kernels/run_on_gpu.sh [check] [bench] [sdpa] [bench-mla] [bench-gqa] [ncu] [ncu-source]
-#   (default: check bench sdpa; bench-mla / bench-gqa: only the read ceiling and the MLA / GQA
-#   rows)
+#   bash kernels/run_on_gpu.sh [check] [bench] [bench-attn] [sdpa] [bench-mla] [bench-gqa] [ncu]
+#   (default: check bench sdpa; bench-attn: the read ceiling and the attention matrix only;
+#   bench-mla / bench-gqa: the read ceiling and the MLA / GQA rows)
 # ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,11 +29,16 @@ fi
 echo "run_on_gpu: built in $(($(date +%s) - start)) s"
 rc=0
 if [[ " $steps " == *" check "* ]]; then
-  timeout 300 "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
+  timeout ${KVPOOL_CHECK_TIMEOUT:-300} "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench "* ]]; then
   timeout 400 "$build/kvpool-kernels-bench" --csv "$out/bench.csv" 2>&1 | tee "$out/bench.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" bench-attn "* ]]; then
+  timeout 300 "$build/kvpool-kernels-bench" --sections gqa,mla --csv "$out/bench.csv" 2>&1 |
+    tee "$out/bench_attn.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench-mla "* ]]; then
@@ -49,7 +54,7 @@ if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" ncu "* ]]; then
-  for row in ${NCU_ROWS:-gqa:16:64:8192 mla:32:bf16 mla:16:e4m3}; do
+  for row in ${NCU_ROWS:-gqa:8:1:128:8192 mla:128:bf16:16:8192 mla:16:bf16:1:65536}; do
     echo "=== ncu $row"
     timeout 240 ncu --clock-control none --launch-skip 3 --launch-count 1 \
       -k regex:'GqaDecodeKernel|MlaDecodeKernel' --section SpeedOfLight \
@@ -62,7 +67,7 @@ if [[ " $steps " == *" ncu "* ]]; then
 fi
 if [[ " $steps " == *" ncu-source "* ]]; then
   # Per-SASS-instruction warp stall samples of one MLA row: where the time goes.
-  row=${NCU_SOURCE_ROW:-mla:32:bf16}
+  row=${NCU_SOURCE_ROW:-mla:128:bf16:16:8192}
   timeout 300 ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:MlaDecodeKernel \
     --section SourceCounters --section WarpStateStats --page source --csv \
     --print-source sass "$build/kvpool-kernels-bench" --only "$row" --reps 2 \

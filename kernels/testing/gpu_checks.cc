@@ -9,13 +9,13 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "kernels/block_copy.cuh"
 #include "kernels/dtype.h"
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
 #include "kernels/reference.h"
-#include "kernels/tuning.h"
 
 namespace kvpool::kernels::testing {
 namespace {
@@ -167,7 +167,8 @@ Comparison Compare(const void* out, DType out_type, const std::vector<float>& re
 std::string LensString(const std::vector<int>& lens) {
   std::ostringstream s;
   s << "lens=[";
-  for (size_t i = 0; i < lens.size(); ++i) s << (i ? "," : "") << lens[i];
+  for (size_t i = 0; i < lens.size() && i < 8; ++i) s << (i ? "," : "") << lens[i];
+  if (lens.size() > 8) s << ",... (" << lens.size() << " sequences)";
   s << "]";
   return s.str();
 }
@@ -441,8 +442,8 @@ struct GqaCase {
   DType kv_type, q_type;
   Layout layout;
   std::vector<int> lens;
-  int warps = 0;     // KernelTuning::gqa_warps (0: the launcher's choice)
-  int schedule = 0;  // KernelTuning::gqa_schedule (0: the launcher's choice)
+  GqaDecodeOptions options = {};  // the planner's overrides (warps per block, chunk)
+  std::string tag = "";           // what the case stands for (a benchmark row)
 };
 
 CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
@@ -452,8 +453,10 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
     s << "gqa/" << c.qo_heads << "x" << c.kv_heads << "/d" << c.head_dim << "/bs" << c.block_size
       << "/" << DTypeName(c.kv_type) << (c.kv_type == DType::kFP8E4M3 ? "-q" : "")
       << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << "/" << LayoutName(c.layout)
-      << (c.warps ? "/warps" + std::to_string(c.warps) : "")
-      << (c.schedule ? "/schedule" + std::to_string(c.schedule) : "");
+      << (c.options.warps ? "/warps" + std::to_string(c.options.warps) : "")
+      << (c.options.chunk ? "/chunk" + std::to_string(c.options.chunk) : "")
+      << (c.options.rows8 ? "/rows8" : "")
+      << (c.tag.empty() ? "" : "/" + c.tag) << "/batch" << c.lens.size();
     res.name = s.str();
   }
   const int batch = static_cast<int>(c.lens.size());
@@ -506,7 +509,7 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
   DeviceBuffer d_cache, d_q, d_o, d_lse, d_table, d_lens, d_ws;
-  const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len);
+  const size_t ws_bytes = GqaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len, c.options);
   if (ws_bytes == 0) {
     res.detail = "GqaDecodeWorkspaceBytes refused the configuration";
     return res;
@@ -528,29 +531,44 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
   std::vector<uint8_t> o(q.size());
   std::vector<float> lse(lse_ref.size());
   double worst = 0.0;
-  // Run 1 reuses the workspace (its work counter must have been reset); run 2 gets room for two
-  // splits only, so long sequences take larger chunks.
-  const size_t small_ws = std::min(ws_bytes, 256 + size_t{8} * batch * c.qo_heads * (d + 1));
+  // Run 0: planned from the real lengths; run 1: the same plan again (the work counter must have
+  // been reset); run 2: GqaDecode's plan for every sequence at max_len, in a workspace with room
+  // for two partial results only, so long sequences take larger chunks.
+  const size_t small_ws = std::min(
+      ws_bytes,
+      LayoutDecodeWorkspace((batch + 2) * int64_t{c.qo_heads}, batch, 2, c.qo_heads, d).total);
+  GqaDecodePlan plan;
+  if (KernelStatus st = PlanGqaDecode(shape, c.q_type, c.kv_type, c.lens.data(), max_len, d_ws.ptr,
+                                      ws_bytes, nullptr, &plan, c.options);
+      !st.ok()) {
+    res.detail = "PlanGqaDecode: " + st.reason;
+    return res;
+  }
   for (int run = 0; run < 3; ++run) {
     CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, q.size()));
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
-    KernelTuning tuning;
-    tuning.gqa_warps = c.warps;
-    tuning.gqa_schedule = c.schedule;
-    SetKernelTuning(tuning);
-    const cudaError_t launch =
-        GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout, d_table.as<int32_t>(),
-                  d_lens.as<int32_t>(), max_len, shape, scales, d_o.ptr, d_lse.as<float>(),
-                  d_ws.ptr, run == 2 ? small_ws : ws_bytes, nullptr);
-    SetKernelTuning(KernelTuning{});
-    CHECK_CUDA(res, launch);
+    if (run < 2) {
+      const KernelStatus st =
+          RunGqaDecode(plan, d_q.ptr, d_cache.ptr, layout, d_table.as<int32_t>(),
+                       d_lens.as<int32_t>(), scales, d_o.ptr, d_lse.as<float>(), nullptr);
+      if (!st.ok()) {
+        res.detail = "RunGqaDecode: " + st.reason;
+        return res;
+      }
+    } else {
+      CHECK_CUDA(res, GqaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, layout,
+                                d_table.as<int32_t>(), d_lens.as<int32_t>(), max_len, shape, scales,
+                                d_o.ptr, d_lse.as<float>(), d_ws.ptr, small_ws, nullptr));
+    }
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
     if (!JudgeDecode(o.data(), lse, o_ref, lse_ref, c.q_type, c.kv_type, c.lens, worst, res)) {
+      res.detail = (run == 2 ? "uniform plan, small workspace: " : "planned: ") + res.detail;
       break;
     }
   }
+  if (res.ok) res.detail += "; " + DescribePlan(plan.split);
   res.error = worst;
   return res;
 }
@@ -584,24 +602,176 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
   // Long sequences: split across blocks and merged.
   out.push_back(RunGqaCase(
       {64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst, {4099, 1, 2500, 700}}, rng));
-  // The previous schedule: more items than blocks, taken from the work counter.
-  out.push_back(RunGqaCase(
-      {64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst, {4099, 1, 2500, 700}, 0, 1},
-      rng));
-  // The planned schedule without clusters: one item per block, partials merged by the merge kernel.
-  out.push_back(RunGqaCase({64, 8, 128, 64, DType::kBF16, DType::kBF16, Layout::kBlocksFirst,
-                            {3000, 17, 1, 0, 2049}, 0, 2},
+  // Forced chunks: more items than blocks, taken from the work counter.
+  GqaDecodeOptions counter;
+  counter.chunk = 128;
+  out.push_back(RunGqaCase({64,
+                            8,
+                            128,
+                            16,
+                            DType::kBF16,
+                            DType::kBF16,
+                            Layout::kKvFirst,
+                            {4099, 1, 2500, 700, 0, 3000, 4000, 4096},
+                            counter},
                            rng));
-  // The eight-heads-per-block variant.
+  out.push_back(RunGqaCase({64,
+                            8,
+                            128,
+                            64,
+                            DType::kBF16,
+                            DType::kBF16,
+                            Layout::kBlocksFirst,
+                            {3000, 17, 1, 0, 2049},
+                            counter},
+                           rng));
+  // Eight heads per block.
+  GqaDecodeOptions eight;
+  eight.warps = 8;
+  out.push_back(RunGqaCase({64,
+                            8,
+                            128,
+                            32,
+                            DType::kFP8E4M3,
+                            DType::kBF16,
+                            Layout::kBlocksFirst,
+                            {1, 2500, 77, 0},
+                            eight},
+                           rng));
   out.push_back(RunGqaCase(
-      {64, 8, 128, 32, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst, {1, 2500, 77, 0}, 8},
-      rng));
-  out.push_back(RunGqaCase(
-      {32, 8, 64, 16, DType::kBF16, DType::kBF16, Layout::kPacked, {300, 16, 1}, 8}, rng));
+      {32, 8, 64, 16, DType::kBF16, DType::kBF16, Layout::kPacked, {300, 16, 1}, eight}, rng));
   out.push_back(RunGqaCase(
       {32, 8, 128, 64, DType::kFP8E4M3, DType::kBF16, Layout::kBlocksFirst, {3000, 5000}}, rng));
   out.push_back(RunGqaCase(
       {64, 4, 64, 32, DType::kFP16, DType::kFP16, Layout::kPacked, {1500, 17, 2048}}, rng));
+
+  // Two threads planning and launching at once with different options (eight heads per block
+  // and a forced chunk on one, the planner's choices on the other): the options travel in the
+  // plans, so neither sees the other's (a process-global tuning struct used to be written by
+  // every launch).
+  {
+    CheckResult first, second;
+    std::mt19937_64 rng1(seed + 101), rng2(seed + 202);
+    GqaDecodeOptions forced;
+    forced.warps = 8;
+    forced.chunk = 256;
+    std::thread t1([&] {
+      for (int i = 0; i < 4; ++i) {
+        first = RunGqaCase({64, 8, 128, 16, DType::kBF16, DType::kBF16, Layout::kKvFirst,
+                            {2000, 700, 1, 3000}, forced, "concurrent"},
+                           rng1);
+        if (!first.ok) break;
+      }
+    });
+    std::thread t2([&] {
+      for (int i = 0; i < 4; ++i) {
+        second = RunGqaCase({32, 8, 64, 32, DType::kFP16, DType::kFP16, Layout::kBlocksFirst,
+                             {1500, 9, 2600}, {}, "concurrent"},
+                            rng2);
+        if (!second.ok) break;
+      }
+    });
+    t1.join();
+    t2.join();
+    out.push_back(first);
+    out.push_back(second);
+  }
+
+  // The benchmark matrix's GQA rows (kvpool-kernels-bench), at their shapes or with fewer
+  // sequences where the CPU reference would take too long: ragged lengths from SeededLengths.
+  auto ragged = [](int batch, int lo, int hi, uint64_t s) {
+    const std::vector<int32_t> l = SeededLengths(batch, lo, hi, s);
+    return std::vector<int>(l.begin(), l.end());
+  };
+  const DType bf = DType::kBF16;
+  out.push_back(RunGqaCase(
+      {8, 1, 128, 16, bf, bf, Layout::kKvFirst, ragged(128, 512, 8192, 1), {}, "matrix-8/1-ragged"},
+      rng));
+  out.push_back(
+      RunGqaCase({32, 8, 128, 16, bf, bf, Layout::kKvFirst, {131072}, {}, "matrix-one-128k"}, rng));
+  out.push_back(RunGqaCase({32,
+                            8,
+                            128,
+                            16,
+                            bf,
+                            bf,
+                            Layout::kKvFirst,
+                            ragged(16, 128, 16384, 3),
+                            {},
+                            "matrix-32/8-ragged-scaled"},
+                           rng));
+  out.push_back(RunGqaCase({32,
+                            8,
+                            128,
+                            16,
+                            bf,
+                            bf,
+                            Layout::kBlocksFirst,
+                            ragged(16, 128, 16384, 4),
+                            {},
+                            "matrix-blocks-first-ragged-scaled"},
+                           rng));
+  // Odd and large groups, 1/2/4 kv heads, head dims 64 and 256.
+  out.push_back(RunGqaCase(
+      {28, 4, 128, 16, bf, bf, Layout::kKvFirst, ragged(16, 1, 6000, 5), {}, "matrix-group7"},
+      rng));
+  out.push_back(RunGqaCase({7,
+                            1,
+                            128,
+                            32,
+                            DType::kFP8E4M3,
+                            bf,
+                            Layout::kKvFirst,
+                            ragged(16, 1, 6000, 6),
+                            {},
+                            "group7-1kv"},
+                           rng));
+  out.push_back(RunGqaCase(
+      {48, 3, 128, 16, bf, bf, Layout::kPacked, ragged(8, 1, 5000, 7), {}, "group16"}, rng));
+  // 16 query heads per warp (groups above 8, head_dim <= 128): groups 12, 16 and 32, e4m3, d64,
+  // forced single-warp blocks; the 8-per-warp variant; d256 (8 per warp).
+  GqaDecodeOptions one_warp, rows8;
+  one_warp.warps = 1;
+  rows8.rows8 = true;
+  const DType e4 = DType::kFP8E4M3, h16 = DType::kFP16;
+  const Layout kvf = Layout::kKvFirst;
+  out.push_back(RunGqaCase(
+      {16, 1, 64, 32, e4, bf, Layout::kBlocksFirst, ragged(16, 1, 7000, 11), {}, "g16-rows16"},
+      rng));
+  out.push_back(
+      RunGqaCase({12, 1, 128, 16, h16, h16, kvf, ragged(8, 1, 3000, 12), {}, "g12-rows16"}, rng));
+  out.push_back(RunGqaCase(
+      {64, 2, 128, 16, bf, bf, Layout::kPacked, ragged(8, 1, 3000, 13), one_warp, "g32-rows16"},
+      rng));
+  out.push_back(
+      RunGqaCase({16, 1, 128, 16, bf, bf, kvf, ragged(8, 1, 3000, 14), rows8, "g16-rows8"}, rng));
+  out.push_back(
+      RunGqaCase({32, 2, 256, 16, bf, bf, kvf, ragged(4, 1, 3000, 15), {}, "g16-d256"}, rng));
+  out.push_back(RunGqaCase({10,
+                            2,
+                            64,
+                            16,
+                            DType::kFP16,
+                            DType::kFP16,
+                            Layout::kHeadsFirst,
+                            ragged(16, 1, 9000, 8),
+                            {},
+                            "group5-2kv"},
+                           rng));
+  out.push_back(RunGqaCase(
+      {16, 4, 256, 16, bf, bf, Layout::kKvFirst, ragged(8, 1, 8000, 9), {}, "matrix-d256-ragged"},
+      rng));
+  out.push_back(RunGqaCase({32,
+                            8,
+                            64,
+                            16,
+                            bf,
+                            bf,
+                            Layout::kKvFirst,
+                            ragged(16, 128, 16384, 10),
+                            {},
+                            "matrix-d64-ragged-scaled"},
+                           rng));
   return out;
 }
 
@@ -615,6 +785,8 @@ struct MlaCase {
   DType kv_type, q_type;
   std::vector<int> lens;
   int64_t pad = 0;  // elements between blocks beyond block_size * 576
+  MlaDecodeOptions options = {};
+  std::string tag = "";
 };
 
 CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
@@ -623,7 +795,10 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
     std::ostringstream s;
     s << "mla/h" << c.heads << "/bs" << c.block_size << "/" << DTypeName(c.kv_type)
       << (c.kv_type == DType::kFP8E4M3 ? "-q" : "")
-      << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << (c.pad ? "/padded" : "");
+      << (c.kv_type == DType::kFP8E4M3 ? DTypeName(c.q_type) : "") << (c.pad ? "/padded" : "")
+      << (c.options.heads_per_block ? "/hpb" + std::to_string(c.options.heads_per_block) : "")
+      << (c.options.row_copies ? "/row-copies" : "") << (c.tag.empty() ? "" : "/" + c.tag)
+      << "/batch" << c.lens.size();
     res.name = s.str();
   }
   const int batch = static_cast<int>(c.lens.size());
@@ -655,7 +830,7 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
                scales, o_ref.data(), lse_ref.data());
 
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
-  const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len);
+  const size_t ws_bytes = MlaDecodeWorkspaceBytes(shape, c.q_type, c.kv_type, max_len, c.options);
   if (ws_bytes == 0) {
     res.detail = "MlaDecodeWorkspaceBytes refused the configuration";
     return res;
@@ -678,24 +853,45 @@ CheckResult RunMlaCase(const MlaCase& c, std::mt19937_64& rng) {
   std::vector<uint8_t> o(o_elems * 2);
   std::vector<float> lse(lse_ref.size());
   double worst = 0.0;
-  const size_t small_ws = std::min(ws_bytes, 256 + size_t{8} * batch * c.heads * (kMlaVDim + 1));
-  // Run 1 reuses the workspace (its work counter must have been reset); run 2 gets room for two
-  // splits only, so long sequences take larger chunks.
+  // Run 0: planned from the real lengths; run 1: the same plan again (the work counter must have
+  // been reset); run 2: MlaDecode's plan for every sequence at max_len, in a workspace with room
+  // for two partial results only.
+  const size_t small_ws = std::min(
+      ws_bytes,
+      LayoutDecodeWorkspace((batch + 2) * int64_t{c.heads / 16}, batch, 2, c.heads, kMlaVDim)
+          .total);
+  MlaDecodePlan plan;
+  if (KernelStatus st = PlanMlaDecode(shape, c.q_type, c.kv_type, c.lens.data(), max_len, d_ws.ptr,
+                                      ws_bytes, nullptr, &plan, c.options);
+      !st.ok()) {
+    res.detail = "PlanMlaDecode: " + st.reason;
+    return res;
+  }
   for (int run = 0; run < 3; ++run) {
     CHECK_CUDA(res, cudaMemset(d_o.ptr, 0xff, o_elems * 2));
     CHECK_CUDA(res, cudaMemset(d_lse.ptr, 0xff, lse_ref.size() * 4));
-    const cudaError_t launch =
-        MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, d_table.as<int32_t>(),
-                  d_lens.as<int32_t>(), max_len, shape, scales, d_o.ptr, d_lse.as<float>(),
-                  d_ws.ptr, run == 2 ? small_ws : ws_bytes, nullptr);
-    CHECK_CUDA(res, launch);
+    if (run < 2) {
+      const KernelStatus st =
+          RunMlaDecode(plan, d_q.ptr, d_cache.ptr, d_table.as<int32_t>(), d_lens.as<int32_t>(),
+                       scales, d_o.ptr, d_lse.as<float>(), nullptr);
+      if (!st.ok()) {
+        res.detail = "RunMlaDecode: " + st.reason;
+        return res;
+      }
+    } else {
+      CHECK_CUDA(res, MlaDecode(d_q.ptr, c.q_type, d_cache.ptr, c.kv_type, d_table.as<int32_t>(),
+                                d_lens.as<int32_t>(), max_len, shape, scales, d_o.ptr,
+                                d_lse.as<float>(), d_ws.ptr, small_ws, nullptr));
+    }
     CHECK_CUDA(res, cudaDeviceSynchronize());
     CHECK_CUDA(res, cudaMemcpy(o.data(), d_o.ptr, o.size(), cudaMemcpyDeviceToHost));
     CHECK_CUDA(res, cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
     if (!JudgeDecode(o.data(), lse, o_ref, lse_ref, c.q_type, c.kv_type, c.lens, worst, res)) {
+      res.detail = (run == 2 ? "uniform plan, small workspace: " : "planned: ") + res.detail;
       break;
     }
   }
+  if (res.ok) res.detail += "; " + DescribePlan(plan.split);
   res.error = worst;
   return res;
 }
@@ -719,6 +915,28 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   }
   out.push_back(RunMlaCase({16, 64, DType::kBF16, DType::kBF16, {3000, 1, 1700}}, rng));
   out.push_back(RunMlaCase({32, 64, DType::kFP8E4M3, DType::kBF16, {2500, 1200}}, rng));
+  // Variants: 16 heads per block where 32 would do; row copies instead of tensor copies.
+  MlaDecodeOptions by16;
+  by16.heads_per_block = 16;
+  out.push_back(RunMlaCase({64, 64, DType::kBF16, DType::kBF16, {2000, 5, 700}, 0, by16}, rng));
+  MlaDecodeOptions rows;
+  rows.row_copies = true;
+  out.push_back(RunMlaCase({32, 64, DType::kBF16, DType::kBF16, {1300, 0, 64}, 0, rows}, rng));
+
+  // The benchmark matrix's MLA rows, with fewer sequences where the CPU reference would take
+  // too long; ragged lengths from SeededLengths.
+  auto ragged = [](int batch, int lo, int hi, uint64_t s) {
+    const std::vector<int32_t> l = SeededLengths(batch, lo, hi, s);
+    return std::vector<int>(l.begin(), l.end());
+  };
+  const DType bf = DType::kBF16;
+  out.push_back(
+      RunMlaCase({128, 64, bf, bf, ragged(3, 1000, 8192, 21), 0, {}, "matrix-128h-scaled"}, rng));
+  out.push_back(RunMlaCase({16, 64, bf, bf, {65536}, 0, {}, "matrix-one-64k"}, rng));
+  out.push_back(
+      RunMlaCase({16, 64, bf, bf, ragged(8, 1024, 16384, 22), 0, {}, "matrix-ragged-scaled"}, rng));
+  out.push_back(RunMlaCase(
+      {128, 64, DType::kFP8E4M3, bf, ragged(2, 1000, 4000, 23), 0, {}, "matrix-128h-e4m3"}, rng));
   return out;
 }
 
