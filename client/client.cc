@@ -509,17 +509,29 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
     if (results[i].ok()) item->set_checksum(checksums[i]);
     if (results[i].ok()) committed.push_back(i);
   }
-  if (!committed.empty()) {
+  // A commit the master could not make durable on every replica's segment in time is
+  // WRITE_FAIL; committing again with the same put_id is safe, so it is retried a few times
+  // (each waits up to the master's manifest sync timeout) before the caller hears of it.
+  constexpr int kCommitAttempts = 3;
+  for (int attempt = 0; attempt < kCommitAttempts && !committed.empty(); ++attempt) {
     absl::StatusOr<v1::BatchPutEndResponse> ended = master.BatchPutEnd(end);
     if (ended.ok() && ended->results_size() != static_cast<int>(committed.size())) {
       ended = CountMismatch(ended->results_size(), committed.size());
     }
+    v1::BatchPutEndRequest retry;
+    std::vector<size_t> again;
     for (size_t k = 0; k < committed.size(); ++k) {
       results[committed[k]] =
           ended.ok() ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
                                      ended->results(static_cast<int>(k)).message())
                      : ended.status();
+      if (ended.ok() && ended->results(static_cast<int>(k)).code() == v1::WRITE_FAIL) {
+        *retry.add_items() = end.items(static_cast<int>(k));
+        again.push_back(committed[k]);
+      }
     }
+    end = std::move(retry);
+    committed = std::move(again);
   }
   if (revoke.items_size() > 0) {
     // Best effort: a reservation that is not revoked expires on the master by itself.

@@ -51,13 +51,27 @@ void ToProto(const ManifestRecord& record, v1::ManifestRecord* out) {
   out->set_size(record.size);
   out->set_checksum(record.checksum);
   out->set_pin(static_cast<v1::PinMode>(record.pin));
+  out->set_grant(record.grant);
+  out->set_until_ms(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(record.until))));
 }
 
-std::vector<PutRef> ToPutRefs(const google::protobuf::RepeatedPtrField<v1::PutEndItem>& items) {
+// Who calls: the peer's host ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"), the same across
+// the client's reconnections; a reservation is tied to it.
+std::string Caller(const grpc::CallbackServerContext* context) {
+  std::string peer = context->peer();
+  if (size_t colon = peer.rfind(':'); colon != std::string::npos &&
+                                      (peer.starts_with("ipv4:") || peer.starts_with("ipv6:"))) {
+    peer.resize(colon);
+  }
+  return peer;
+}
+
+std::vector<PutRef> ToPutRefs(const google::protobuf::RepeatedPtrField<v1::PutEndItem>& items,
+                              const std::string& caller) {
   std::vector<PutRef> puts;
   puts.reserve(items.size());
   for (const v1::PutEndItem& item : items) {
-    puts.push_back(PutRef{item.key(), item.put_id(), item.checksum()});
+    puts.push_back(PutRef{item.key(), item.put_id(), item.checksum(), caller});
   }
   return puts;
 }
@@ -88,11 +102,14 @@ class MasterGrpcService::Call {
   absl::Time start_;
 };
 
-grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(const Call& call,
-                                                               ManifestSync::Ticket ticket) {
+grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(
+    const Call& call, ManifestSync::Ticket ticket, std::function<void()> not_durable) {
   master_.manifest_sync().Wait(std::move(ticket),
                                absl::Now() + master_.options().manifest_sync_timeout,
-                               [call](bool) { call.Finish(absl::OkStatus()); });
+                               [call, not_durable = std::move(not_durable)](bool durable) {
+                                 if (!durable && not_durable) not_durable();
+                                 call.Finish(absl::OkStatus());
+                               });
   return call.reactor();
 }
 
@@ -182,7 +199,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
   PutStartOptions options{.replica_num = request->replica_num(),
                           .pin = FromProto(request->pin()),
                           .preferred_host = request->preferred_host(),
-                          .preferred_machine_id = request->preferred_machine_id()};
+                          .preferred_machine_id = request->preferred_machine_id(),
+                          .owner = Caller(context)};
   absl::StatusOr<std::vector<PutStartResult>> results =
       master_.BatchPutStart(ToKeys(request->keys()), sizes, options);
   if (!results.ok()) return call.Finish(results.status());
@@ -205,17 +223,29 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
                                                          const v1::BatchPutEndRequest* request,
                                                          v1::BatchPutEndResponse* response) {
   Call call(metrics_, Rpc::kBatchPutEnd, context);
-  Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items()));
+  Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items(), Caller(context)));
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
+  // A commit is acknowledged only once every segment holding a replica has recorded it in
+  // its manifest; else it is WRITE_FAIL (retryable: BatchPutEnd again with the same put_id).
   metrics_.RecordKeyCodes(Rpc::kBatchPutEnd, Codes(ended.results));
-  return FinishWhenDurable(call, std::move(ended.ticket));
+  auto not_durable = [response] {
+    for (v1::KeyResult& result : *response->mutable_results()) {
+      if (result.code() == v1::OK) {
+        result.set_code(v1::WRITE_FAIL);
+        result.set_message(
+            "committed, but not yet durable: a segment holding a replica did not record it in "
+            "time (control path cut or segment gone); retry BatchPutEnd with the same put_id");
+      }
+    }
+  };
+  return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
     grpc::CallbackServerContext* context, const v1::BatchPutRevokeRequest* request,
     v1::BatchPutRevokeResponse* response) {
   Call call(metrics_, Rpc::kBatchPutRevoke, context);
-  std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items()));
+  std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items(), Caller(context)));
   for (const absl::Status& status : revoked) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchPutRevoke, Codes(revoked));
   return call.Finish(absl::OkStatus());

@@ -87,6 +87,10 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   info.incarnation = (*segment)->incarnation();
   info.token_secret = (*segment)->token_secret();
   info.embedded = true;
+  kvpool::segment::Segment* embedded = segment->get();
+  info.end_grant = [embedded](uint64_t grant, bool writes_only, absl::Time until) {
+    embedded->EndGrant(grant, writes_only, until);
+  };
   if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;
   return segment;
 }
@@ -143,9 +147,14 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
+  // gRPC sets SO_REUSEPORT by default: a second master on a taken port would then start and
+  // take half of the clients. Without it, the bind fails and so does start-up.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", listen)));
+    return Fail(absl::UnavailableError(absl::StrCat(
+        "cannot listen for gRPC on ", listen,
+        " (address in use by another process, or not an address of this host)")));
   }
 
   kvpool::HttpServer http;

@@ -68,6 +68,9 @@ struct PutStartOptions {
   // asks).
   std::string preferred_host;
   std::string preferred_machine_id;
+  // Who asks (the caller's host as the gRPC peer shows it): only the same caller may commit
+  // or revoke the reservation.
+  std::string owner;
 };
 
 struct PutStartResult {
@@ -81,6 +84,8 @@ struct PutRef {
   std::string key;
   uint64_t put_id = 0;
   uint64_t checksum = 0;
+  // The caller (see PutStartOptions::owner).
+  std::string caller;
 };
 
 struct GetResult {

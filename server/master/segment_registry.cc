@@ -27,7 +27,10 @@ absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo 
   MountResult result;
   if (auto it = by_name_.find(info.name); it != by_name_.end()) {
     std::shared_ptr<MountedSegment>& existing = by_id_[it->second];
-    if (existing->info().incarnation == info.incarnation) {
+    // The same process with the same secret: a retried mount. A new secret is a new term of
+    // the segment (it draws one per mount and refuses the old one's tokens): start afresh.
+    if (existing->info().incarnation == info.incarnation &&
+        existing->info().token_secret == info.token_secret) {
       existing->Touch(now);
       result.segment = existing;
       result.already_mounted = true;

@@ -40,6 +40,17 @@ ABSL_FLAG(std::string, shm_socket, "auto",
 ABSL_FLAG(std::string, shm_uids, "",
           "Who may map the pool: empty (this segment's uid and root), any, or exactly the uids "
           "listed, like 1000,1001");
+ABSL_FLAG(std::string, shm_group, "",
+          "A group (name or gid) whose members may reach the shared-memory socket and map the "
+          "pool, besides --shm-uids; empty: none (the socket is the owner's only)");
+ABSL_FLAG(int, max_connections, 4096,
+          "Data-plane connections served at once; more are refused at accept (counted in "
+          "kvpool_data_rejected_total{reason=\"connection_cap\"})");
+ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(5),
+          "A data-plane connection with no request for this long is closed");
+ABSL_FLAG(absl::Duration, request_timeout, absl::Seconds(30),
+          "A data-plane request header or WRITE payload that has begun must be complete within "
+          "this long, else the connection is closed");
 ABSL_FLAG(std::string, rdma_device, "",
           "RDMA device to serve one-sided READ/WRITE from: a name, empty for the first one, or "
           "none. Without a device the segment serves TCP and shared memory only");
@@ -74,7 +85,10 @@ int main(int argc, char** argv) {
   options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   options.name = absl::GetFlag(FLAGS_name);
   options.data = {.threads = absl::GetFlag(FLAGS_threads),
-                  .require_token = absl::GetFlag(FLAGS_require_token)};
+                  .require_token = absl::GetFlag(FLAGS_require_token),
+                  .max_connections = absl::GetFlag(FLAGS_max_connections),
+                  .idle_timeout = absl::GetFlag(FLAGS_idle_timeout),
+                  .request_timeout = absl::GetFlag(FLAGS_request_timeout)};
   options.master_address = absl::GetFlag(FLAGS_master);
   options.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   std::string shm_socket = absl::GetFlag(FLAGS_shm_socket);
@@ -83,6 +97,11 @@ int main(int argc, char** argv) {
                                                              &options.shm_admission);
       !uids.ok()) {
     return Fail(uids);
+  }
+  if (absl::Status group = kvpool::segment::ParseAdmittedGroup(absl::GetFlag(FLAGS_shm_group),
+                                                               &options.shm_admission);
+      !group.ok()) {
+    return Fail(group);
   }
   options.print_mounts = true;
   options.on_drained = [] { kill(getpid(), SIGTERM); };

@@ -7,6 +7,7 @@
 #include "common/net.h"
 #include "grpcpp/grpcpp.h"
 #include "kvpool/v1/master.grpc.pb.h"
+#include "proto/capability.h"
 #include "proto/channel.h"
 
 namespace kvpool::segment {
@@ -21,8 +22,11 @@ struct MasterLink::Rpc {
   std::unique_ptr<v1::MasterService::Stub> stub;
 };
 
-MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest)
-    : options_(std::move(options)), manifest_(manifest), rpc_(std::make_unique<Rpc>()) {
+MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants)
+    : options_(std::move(options)),
+      manifest_(manifest),
+      grants_(grants),
+      rpc_(std::make_unique<Rpc>()) {
   rpc_->stub = v1::MasterService::NewStub(MakeMasterChannel(options_.master_address));
 }
 
@@ -67,7 +71,11 @@ absl::Status MasterLink::Mount() {
   request.set_endpoint(options_.endpoint);
   request.set_size(options_.size);
   request.set_incarnation(options_.incarnation);
-  request.set_token_secret(options_.token_secret);
+  // A new term: from here on only the new master's tokens verify, and no write of the old
+  // term lands another byte (that master's reservations are gone with it).
+  std::string secret = wire::NewCapabilitySecret();
+  grants_.NewTerm(secret);
+  request.set_token_secret(secret);
   request.set_manifest_objects(entries.size());
   request.set_shm_socket(options_.shm_socket);
   request.set_machine_id(MachineId());
@@ -159,6 +167,12 @@ absl::Status MasterLink::Heartbeat() {
     return Mount();
   }
   if (response.records_size() > 0) {
+    // Grants end before the records are acknowledged (with the next heartbeat): the master
+    // reuses a range only then.
+    for (const v1::ManifestRecord& record : response.records()) {
+      grants_.End(record.grant(), /*writes_only=*/record.kind() == v1::ManifestRecord::ADD,
+                  absl::FromUnixMillis(static_cast<int64_t>(record.until_ms())));
+    }
     manifest_.Apply({response.records().begin(), response.records().end()});
     acked_seq_ = response.last_seq();
   }

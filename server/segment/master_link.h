@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/segment/grant_table.h"
 #include "server/segment/manifest.h"
 
 namespace grpc {
@@ -34,7 +35,6 @@ struct MasterLinkOptions {
   std::string shm_socket;  // for same-host clients; empty if none
   uint64_t size = 0;
   uint64_t incarnation = 0;
-  std::string token_secret;
   absl::Duration rpc_timeout = absl::Seconds(3);
   absl::Duration retry_interval = absl::Milliseconds(500);
   // Called (once) when the master says the segment was drained: it should stop.
@@ -45,8 +45,10 @@ struct MasterLinkOptions {
 
 class MasterLink {
  public:
-  // `manifest` must outlive the link.
-  MasterLink(MasterLinkOptions options, Manifest& manifest);
+  // Both must outlive the link. Every mount starts a new term of `grants` (a new token
+  // secret, told to the master); the grants the master ends are ended in `grants` before
+  // they are acknowledged.
+  MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants);
   ~MasterLink();
   MasterLink(const MasterLink&) = delete;
   MasterLink& operator=(const MasterLink&) = delete;
@@ -68,6 +70,7 @@ class MasterLink {
 
   const MasterLinkOptions options_;
   Manifest& manifest_;
+  GrantTable& grants_;
   std::unique_ptr<Rpc> rpc_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -67,8 +67,15 @@ class Segment {
   // Data-plane endpoint clients dial, "host:port".
   const std::string& endpoint() const { return endpoint_; }
   uint64_t size() const { return pool_->size(); }
-  // The secret the master signs this segment's capability tokens with.
-  const std::string& token_secret() const { return secret_; }
+  // The secret the master signs this segment's capability tokens with in the current term
+  // (a segment with a master link draws a new one at every mount).
+  std::string token_secret() const { return server_->grants().secret(); }
+  // Ends a grant (see GrantTable::End): for a segment embedded in the master, which is told
+  // directly instead of through manifest records.
+  void EndGrant(uint64_t grant, bool writes_only, absl::Time until) {
+    server_->grants().End(grant, writes_only, until);
+  }
+  const GrantTable& grants() const { return server_->grants(); }
   MemoryPool& pool() { return *pool_; }
   const Manifest& manifest() const { return manifest_; }
   // Always true for an embedded segment.
@@ -90,7 +97,6 @@ class Segment {
   std::string name_;
   std::string host_;
   std::string endpoint_;
-  std::string secret_;
   uint64_t incarnation_ = 0;
   std::unique_ptr<MemoryPool> pool_;
   std::shared_ptr<rdma::Device> rdma_;

@@ -30,10 +30,18 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
   for (auto [reason, count] : {std::pair{"malformed", tcp.rejected_malformed},
                                std::pair{"range", tcp.rejected_range},
                                std::pair{"token", tcp.rejected_token},
-                               std::pair{"expired", tcp.rejected_expired}}) {
+                               std::pair{"expired", tcp.rejected_expired},
+                               std::pair{"grant_ended", tcp.rejected_ended},
+                               std::pair{"connection_cap", tcp.rejected_connection_cap},
+                               std::pair{"timeout", tcp.closed_idle}}) {
     families.Counter("kvpool_data_rejected_total", kRejected, static_cast<double>(count),
                      {{"reason", reason}});
   }
+  families.Counter("kvpool_data_accept_errors_total",
+                   "Failed accepts on the data port (EMFILE, ...), each followed by a back-off.",
+                   static_cast<double>(tcp.accept_errors));
+  families.Gauge("kvpool_data_connections", "Data-plane connections open now.",
+                 static_cast<double>(tcp.connections));
   return families.Take();
 }
 
