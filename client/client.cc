@@ -566,6 +566,20 @@ absl::StatusOr<std::string> Client::Impl::GetValue(absl::string_view key,
     const v1::GetResult& result = (*located)[0].result;
     if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
     if (result.replicas().empty()) return absl::InternalError("master gave no replica");
+    // What the master says is checked before it sizes an allocation: a bad answer is an
+    // error, never an abort (or an attempt to allocate petabytes).
+    constexpr uint64_t kMaxValueBytes = uint64_t{64} << 30;
+    for (const v1::Placement& replica : result.replicas()) {
+      if (replica.length() != result.size()) {
+        return absl::InternalError(absl::StrCat("master placed ", replica.length(),
+                                                " bytes for an object of ", result.size()));
+      }
+    }
+    if (result.size() == 0 || result.size() > kMaxValueBytes) {
+      return absl::InternalError(
+          absl::StrCat("master answered a size of ", result.size(), " bytes for \"", key,
+                       "\" (want 1 to ", kMaxValueBytes, "; use the buffer variant of Get)"));
+    }
     std::string value(result.size(), '\0');
     std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
     std::vector<absl::StatusOr<uint64_t>> results(1);

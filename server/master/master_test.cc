@@ -265,6 +265,14 @@ TEST_F(MasterTest, MalformedMountsAreRefused) {
   SegmentInfo no_secret = Segment("a", 1 << 20);
   no_secret.token_secret.clear();
   EXPECT_EQ(master_.MountSegment(no_secret).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo huge = Segment("a", ~uint64_t{0});
+  EXPECT_EQ(master_.MountSegment(huge).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo bad_endpoint = Segment("a", 1 << 20);
+  bad_endpoint.endpoint = "no-port";
+  EXPECT_EQ(master_.MountSegment(bad_endpoint).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo long_name = Segment(std::string(5000, 'n'), 1 << 20);
+  EXPECT_EQ(master_.MountSegment(long_name).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(master_.GetClusterSummary().segments.empty());
 }
 
 // --- Leases, pins, eviction, reclaim (issue: store semantics) ---
