@@ -521,10 +521,15 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
     v1::BatchPutEndRequest retry;
     std::vector<size_t> again;
     for (size_t k = 0; k < committed.size(); ++k) {
-      results[committed[k]] =
-          ended.ok() ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
-                                     ended->results(static_cast<int>(k)).message())
-                     : ended.status();
+      absl::Status answer = ended.ok()
+                                ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
+                                                ended->results(static_cast<int>(k)).message())
+                                : ended.status();
+      // A retried commit whose object went away meanwhile (its segment declared dead) was
+      // never durable: it stays WRITE_FAIL (put again), not a miss.
+      if (attempt == 0 || ToErrorCode(answer) != v1::OBJECT_NOT_FOUND) {
+        results[committed[k]] = answer;
+      }
       if (ended.ok() && ended->results(static_cast<int>(k)).code() == v1::WRITE_FAIL) {
         *retry.add_items() = end.items(static_cast<int>(k));
         again.push_back(committed[k]);
