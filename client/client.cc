@@ -316,15 +316,29 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
     transport->Execute(absl::MakeSpan(ops), deadline);
     waiting.clear();
     absl::Time finished = absl::Now();
+    // The values to check, hashed together (on several threads for a large batch).
+    std::vector<bool> check(ops.size(), false);
+    std::vector<std::vector<iovec>> to_hash;
+    std::vector<size_t> hashed_as(ops.size(), 0);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      size_t i = owners[k];
+      bool lease_ran_out = finished > located[i].lease_expiry;
+      check[k] = ops[k].status.ok() &&
+                 (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
+                  located[i].cached) &&
+                 located[i].result.checksum() != 0;
+      if (check[k]) {
+        hashed_as[k] = to_hash.size();
+        to_hash.push_back(targets[i]);
+      }
+    }
+    std::vector<uint64_t> sums = to_hash.empty() ? std::vector<uint64_t>() : Checksums(to_hash);
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
       const v1::GetResult& result = located[i].result;
       if (ops[k].status.ok()) {
         bool lease_ran_out = finished > located[i].lease_expiry;
-        bool check = (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
-                      located[i].cached) &&
-                     result.checksum() != 0;
-        if (check && wire::Checksum(targets[i]) != result.checksum()) {
+        if (check[k] && sums[hashed_as[k]] != result.checksum()) {
           results[i] = lease_ran_out
                            ? ErrorStatus(v1::LEASE_EXPIRED,
                                          "the read outlasted its lease and the object changed")
