@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, embedded_segment_shm_socket, "auto",
           "(/tmp/kvpool-segment-PORT.sock), or none");
 ABSL_FLAG(std::string, embedded_segment_shm_uids, "",
           "Who may map the embedded pool: empty (this process's uid and root), any, or uids");
+ABSL_FLAG(std::string, embedded_segment_shm_group, "",
+          "A group (name or gid) whose members may reach the embedded pool's socket and map it; "
+          "empty: none");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name clients dial for the embedded segment (default: its listen host, or this "
           "machine's name when listening on a wildcard address)");
@@ -73,6 +76,11 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
           absl::GetFlag(FLAGS_embedded_segment_shm_uids), &options.shm_admission);
       !uids.ok()) {
     return uids;
+  }
+  if (absl::Status group = kvpool::segment::ParseAdmittedGroup(
+          absl::GetFlag(FLAGS_embedded_segment_shm_group), &options.shm_admission);
+      !group.ok()) {
+    return group;
   }
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> segment =
       kvpool::segment::Segment::Start(std::move(options));
