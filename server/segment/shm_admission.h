@@ -84,6 +84,7 @@ class ShmAdmission {
   std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> timed_out_{0};
+  absl::Time next_refusal_log_;  // admission thread only
 
  public:
   // Peers dropped for not sending a hello in time (or to make room).
