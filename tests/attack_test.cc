@@ -632,7 +632,8 @@ TEST_F(AttackTest, SilentAdmissionPeersDoNotStallOthers) {
   int pool = MapPoolFd(segment_.shm);
   absl::Duration took = absl::Now() - started;
   EXPECT_GE(pool, 0);
-  EXPECT_LT(took, absl::Milliseconds(500)) << "admission waited behind silent peers";
+  // Serialised behind them it would take 64 x 1 s.
+  EXPECT_LT(took, absl::Milliseconds(900)) << "admission waited behind silent peers";
   if (pool >= 0) close(pool);
   for (int fd : silent) close(fd);
 }
