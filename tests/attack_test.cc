@@ -510,6 +510,56 @@ TEST_F(AttackTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
   client_ = nullptr;
 }
 
+// The same cut, for a removal: it is never acknowledged as OK before the segment dropped the
+// object from its manifest, and an acknowledged removal survives a master restart (the
+// object does not come back from the segment's manifest).
+TEST_F(AttackTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
+  std::vector<std::string> master_args = {"--embedded-segment-size=0", "--segment-ttl=60s"};
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(master_args);
+  ASSERT_TRUE(master.ok()) << master.status();
+  master_ = std::move(*master);
+  auto proxy = std::make_unique<ControlProxy>(master_.grpc);
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(proxy->address(), "16MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  segment_ = std::move(*segment);
+  Connect();
+  ASSERT_TRUE(client_->Put("canary", "still here").ok());
+  ASSERT_TRUE(client_->Put("removed-in-cut", "must stay removed").ok());
+  ASSERT_TRUE(client_->Put("removed-before-restart", "must stay removed too").ok());
+
+  proxy->Cut();
+  absl::Status cut_remove = client_->Remove("removed-in-cut");
+  EXPECT_EQ(ToErrorCode(cut_remove), v1::WRITE_FAIL) << cut_remove;
+  EXPECT_NE(cut_remove.message().find("not yet durable"), absl::string_view::npos) << cut_remove;
+  proxy->Heal();
+
+  // Acknowledged removals are durable: the master is killed right after the OK.
+  absl::Status put = absl::UnknownError("not tried");
+  ASSERT_TRUE(Eventually([&] { return (put = client_->Put("after-heal", "durable")).ok(); },
+                         absl::Seconds(20)))
+      << put;
+  absl::Status removed = client_->Remove("removed-before-restart");
+  ASSERT_TRUE(removed.ok()) << removed;
+  // The removal in the cut is applied once the segment reconnects; the retry says so.
+  EXPECT_EQ(ToErrorCode(client_->Remove("removed-in-cut")), v1::OBJECT_NOT_FOUND);
+  std::string address = master_.grpc;
+  master_.process->Signal(SIGKILL);
+  master_.process->Wait();
+  master = testing::StartMaster(master_args, address);
+  ASSERT_TRUE(master.ok()) << master.status();
+  master_ = std::move(*master);
+  ASSERT_TRUE(segment_.process->WaitForLine("kvpool-segment mounted", absl::Seconds(20)).ok());
+  // The segment reported its manifest: what was committed is back, what was removed is not.
+  ASSERT_TRUE(Eventually([&] { return client_->Exists("after-heal").value_or(false); },
+                         absl::Seconds(10)));
+  EXPECT_EQ(client_->Get("after-heal").value_or("<lost>"), "durable");
+  EXPECT_EQ(ToErrorCode(client_->Get("removed-before-restart").status()), v1::OBJECT_NOT_FOUND);
+  EXPECT_EQ(ToErrorCode(client_->Get("removed-in-cut").status()), v1::OBJECT_NOT_FOUND);
+  EXPECT_EQ(client_->Get("canary").value_or("<lost>"), "still here");
+  EXPECT_TRUE(client_->Put("after", "ok").ok());
+  client_ = nullptr;
+}
+
 // The segment's descriptors exhausted (prlimit): accept fails with EMFILE; the segment backs
 // off (no tight loop of log lines) and serves again once descriptors are free.
 TEST_F(AttackTest, ExhaustedDescriptorsDoNotSpinAndServingResumes) {

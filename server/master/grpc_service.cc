@@ -103,12 +103,13 @@ class MasterGrpcService::Call {
 };
 
 grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(
-    const Call& call, ManifestSync::Ticket ticket, std::function<void()> not_durable) {
+    const Call& call, ManifestSync::Ticket ticket, std::function<absl::Status()> not_durable) {
   master_.manifest_sync().Wait(std::move(ticket),
                                absl::Now() + master_.options().manifest_sync_timeout,
                                [call, not_durable = std::move(not_durable)](bool durable) {
-                                 if (!durable && not_durable) not_durable();
-                                 call.Finish(absl::OkStatus());
+                                 absl::Status finish = absl::OkStatus();
+                                 if (!durable && not_durable) finish = not_durable();
+                                 call.Finish(finish);
                                });
   return call.reactor();
 }
@@ -237,6 +238,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
             "time (control path cut or segment gone); retry BatchPutEnd with the same put_id");
       }
     }
+    return absl::OkStatus();
   };
   return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable));
 }
@@ -300,7 +302,23 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
   Durable<absl::Status> removed = master_.BatchRemove(ToKeys(request->keys()), request->force());
   for (const absl::Status& status : removed.results) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchRemove, Codes(removed.results));
-  return FinishWhenDurable(call, std::move(removed.ticket));
+  // A removal is acknowledged only once every segment that held a replica has dropped it
+  // from its manifest (else a restarted master would serve the object again); else it is
+  // WRITE_FAIL, retryable. The object is gone from the index either way.
+  auto not_durable = [response] {
+    for (v1::KeyResult& result : *response->mutable_results()) {
+      if (result.code() == v1::OK) {
+        result.set_code(v1::WRITE_FAIL);
+        result.set_message(
+            "removed, but not yet durable: a segment that held a replica did not record the "
+            "removal in time (control path cut or segment gone), so a master restart before it "
+            "does could bring the object back; retry BatchRemove (it answers OBJECT_NOT_FOUND "
+            "once the removal is in the index, and the segment applies it when it reconnects)");
+      }
+    }
+    return absl::OkStatus();
+  };
+  return FinishWhenDurable(call, std::move(removed.ticket), std::move(not_durable));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerContext* context,
@@ -309,7 +327,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerConte
   Call call(metrics_, Rpc::kRemoveAll, context);
   Durable<uint64_t> removed = master_.RemoveAll(request->force());
   response->set_removed(removed.results[0]);
-  return FinishWhenDurable(call, std::move(removed.ticket));
+  return FinishWhenDurable(call, std::move(removed.ticket), [] {
+    return absl::UnavailableError(
+        "removed, but not yet durable: a segment did not record the removals in time (control "
+        "path cut or segment gone); a master restart before it does could bring objects back");
+  });
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerContext* context,
