@@ -1,5 +1,6 @@
 #include "server/segment/grant_table.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "proto/capability.h"
@@ -30,14 +31,20 @@ void GrantTable::Write::End() {
   ended_ = true;
 }
 
-GrantTable::GrantTable(std::string secret, bool require_token)
-    : require_token_(require_token), secret_(std::move(secret)) {}
+GrantTable::GrantTable(std::string secret, bool require_token, size_t max_ended)
+    : require_token_(require_token), max_ended_(std::max<size_t>(max_ended, 4)),
+      secret_(std::move(secret)) {}
 
 absl::Status GrantTable::CheckLocked(const wire::RequestHeader& request, absl::Time now) const {
   if (!require_token_) return absl::OkStatus();
   absl::Status granted = wire::VerifyToken(secret_, request, now);
   if (!granted.ok()) return granted;
   uint64_t grant = wire::TokenGrant(request.token);
+  if (grant != 0 && wire::TokenExpiry(request.token) <= refused_through_) {
+    return absl::FailedPreconditionError(
+        "this token's grant may have ended and is no longer remembered (the segment's table of "
+        "ended grants overflowed); ask the master for a new token");
+  }
   if (auto it = ended_.find(grant); grant != 0 && it != ended_.end()) {
     if (request.opcode == wire::Opcode::kWrite) {
       return absl::FailedPreconditionError(
@@ -88,13 +95,31 @@ void GrantTable::End(uint64_t grant, bool writes_only, absl::Time until) {
   }
   auto [first, last] = writes_.equal_range(grant);
   for (auto write = first; write != last; ++write) write->second->End();
-  if (++ends_since_prune_ >= kPruneEvery) PruneLocked(absl::Now());
+  if (++ends_since_prune_ >= kPruneEvery || ended_.size() > max_ended_) {
+    PruneLocked(absl::Now());
+  }
+  if (ended_.size() > max_ended_) ForgetEarliestLocked();
+}
+
+void GrantTable::ForgetEarliestLocked() {
+  std::vector<absl::Time> untils;
+  untils.reserve(ended_.size());
+  for (const auto& [grant, ended] : ended_) untils.push_back(ended.until);
+  // The quarter with the earliest expiries goes, ties included.
+  size_t cut = std::max<size_t>(1, untils.size() / 4) - 1;
+  std::nth_element(untils.begin(), untils.begin() + cut, untils.end());
+  absl::Time through = untils[cut];
+  size_t before = ended_.size();
+  absl::erase_if(ended_, [through](const auto& entry) { return entry.second.until <= through; });
+  overflowed_ += before - ended_.size();
+  refused_through_ = std::max(refused_through_, through);
 }
 
 void GrantTable::NewTerm(std::string secret) {
   absl::MutexLock lock(&mu_);
   secret_ = std::move(secret);
   ended_.clear();  // tokens of the old term no longer verify at all
+  refused_through_ = absl::InfinitePast();
   for (auto& [grant, write] : writes_) write->End();
 }
 
@@ -111,6 +136,11 @@ std::string GrantTable::secret() const {
 size_t GrantTable::ended_count() const {
   absl::ReaderMutexLock lock(&mu_);
   return ended_.size();
+}
+
+uint64_t GrantTable::ended_overflowed() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return overflowed_;
 }
 
 size_t GrantTable::writes_in_flight() const {

@@ -48,8 +48,18 @@ class GrantTable {
     bool ended_ ABSL_GUARDED_BY(mu_) = false;
   };
 
+  // Ended grants remembered at most, by default (about 64 bytes each).
+  static constexpr size_t kDefaultMaxEnded = 1 << 18;
+
   // `require_token` false (tests, benchmarks): tokens are not verified, grant 0 never ends.
-  GrantTable(std::string secret, bool require_token = true);
+  //
+  // Memory is bounded: an ended grant is remembered only until its last token expires
+  // (pruned every few thousand ends), and never more than `max_ended` of them. Past the cap
+  // (a commit rate beyond max_ended per put timeout), after pruning, the quarter with the
+  // earliest expiries is forgotten and every token expiring no later than the last of them
+  // is refused from then on (FailedPrecondition, counted in ended_overflowed()): forgetting
+  // an ended grant never reopens it, at worst an open grant's old token must be renewed.
+  GrantTable(std::string secret, bool require_token = true, size_t max_ended = kDefaultMaxEnded);
 
   // The request's token verifies, is unexpired and names a grant still open for it.
   // PermissionDenied for a token not minted for this request under the current term,
@@ -72,6 +82,8 @@ class GrantTable {
   // Ended grants remembered now, and writes in flight.
   size_t ended_count() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t writes_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ended grants forgotten before their tokens expired because the table was full.
+  uint64_t ended_overflowed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Ended {
@@ -81,13 +93,18 @@ class GrantTable {
   absl::Status CheckLocked(const wire::RequestHeader& request, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void PruneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetEarliestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const bool require_token_;
+  const size_t max_ended_;
   mutable absl::Mutex mu_;
   std::string secret_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Ended> ended_ ABSL_GUARDED_BY(mu_);
   std::unordered_multimap<uint64_t, std::shared_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
   uint64_t ends_since_prune_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tokens expiring at or before this are refused (grants forgotten past the cap).
+  absl::Time refused_through_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t overflowed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvpool::segment

@@ -116,5 +116,61 @@ TEST(GrantTableTest, AWriteWhoseTokenExpiresMidPayloadLandsNoMore) {
   EXPECT_FALSE(write->Land([] { ADD_FAILURE() << "landed after its token expired"; }));
 }
 
+TEST(GrantTableTest, EndedGrantsArePrunedOnceTheirTokensExpired) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time past = absl::Now() - absl::Minutes(1);
+  // Far more ends than the pruning period, of grants whose tokens all expired: the table
+  // does not grow with them.
+  for (uint64_t grant = 1; grant <= 20000; ++grant) grants.End(grant, false, past);
+  EXPECT_LT(grants.ended_count(), 4096u + 1);
+  EXPECT_EQ(grants.ended_overflowed(), 0u);
+  // Grants whose tokens are still live are kept.
+  absl::Time future = absl::Now() + absl::Minutes(1);
+  for (uint64_t grant = 100001; grant <= 100010; ++grant) grants.End(grant, false, future);
+  for (uint64_t grant = 1; grant <= 10000; ++grant) grants.End(grant, false, past);
+  EXPECT_GE(grants.ended_count(), 10u);
+  EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 100005, future), absl::Now())
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(GrantTableTest, EndedGrantsAreCappedAndAForgottenGrantStaysEnded) {
+  std::string secret = wire::NewCapabilitySecret();
+  constexpr size_t kCap = 100;
+  GrantTable grants(secret, /*require_token=*/true, kCap);
+  absl::Time now = absl::Now();
+  absl::Time base = now + absl::Minutes(1);
+  auto until = [base](uint64_t grant) { return base + absl::Milliseconds(grant); };
+  // Ten times the cap, all with live tokens (a commit rate beyond the cap per put timeout).
+  for (uint64_t grant = 1; grant <= 10 * kCap; ++grant) {
+    grants.End(grant, /*writes_only=*/false, until(grant));
+    ASSERT_LE(grants.ended_count(), kCap);
+  }
+  EXPECT_GT(grants.ended_overflowed(), 0u);
+  EXPECT_EQ(grants.ended_overflowed() + grants.ended_count(), 10 * kCap);
+  // Every ended grant is still refused, forgotten or not: reads and writes.
+  for (uint64_t grant = 1; grant <= 10 * kCap; ++grant) {
+    EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, grant, until(grant)), now)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition)
+        << grant;
+    EXPECT_EQ(grants.BeginWrite(Request(secret, wire::Opcode::kWrite, grant, until(grant)), now)
+                  .status()
+                  .code(),
+              absl::StatusCode::kFailedPrecondition)
+        << grant;
+  }
+  // An open grant whose token outlives the forgotten ones is served.
+  uint64_t open = 10 * kCap + 1;
+  EXPECT_TRUE(grants.CheckRead(Request(secret, wire::Opcode::kRead, open, until(open)), now).ok());
+  EXPECT_TRUE(
+      grants.BeginWrite(Request(secret, wire::Opcode::kWrite, open, until(open)), now).ok());
+  // A new term starts with nothing refused.
+  std::string next = wire::NewCapabilitySecret();
+  grants.NewTerm(next);
+  EXPECT_TRUE(grants.CheckRead(Request(next, wire::Opcode::kRead, 1, until(1)), now).ok());
+}
+
 }  // namespace
 }  // namespace kvpool::segment

@@ -42,6 +42,13 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
                    static_cast<double>(tcp.accept_errors));
   families.Gauge("kvpool_data_connections", "Data-plane connections open now.",
                  static_cast<double>(tcp.connections));
+  families.Gauge("kvpool_segment_ended_grants",
+                 "Ended grants remembered now (until their tokens expire; capped).",
+                 static_cast<double>(segment.grants().ended_count()));
+  families.Counter("kvpool_segment_ended_grants_overflowed_total",
+                   "Ended grants forgotten early because the table was full; tokens expiring "
+                   "before them are refused.",
+                   static_cast<double>(segment.grants().ended_overflowed()));
   return families.Take();
 }
 
