@@ -368,9 +368,11 @@ TEST_F(AttackTest, WriterPausedPastItsDeadlineLandsNothingInTheReusedRange) {
   EXPECT_TRUE(client_->Get("victim").value_or("") == value);
 }
 
-// A commit with nothing (or the wrong bytes) written: a reader never gets the range's old
-// bytes as the new object (checksums are on by default).
-TEST_F(AttackTest, CommitWithoutAWriteNeverServesThePreviousBytes) {
+// A commit with nothing (or only part, or the wrong bytes) written: the segment refuses it
+// (its range does not hold the bytes of the checksum declared), the commit answers
+// CHECKSUM_MISMATCH, nothing becomes visible and the range is freed; a reader never gets the
+// range's old bytes as the new object.
+TEST_F(AttackTest, CommitOfARangeNeverFullyWrittenIsRefused) {
   StartCluster();
   uint64_t baseline = Used();
   const std::string old_value = testing::RandomValue(kSize, 8);
@@ -379,10 +381,38 @@ TEST_F(AttackTest, CommitWithoutAWriteNeverServesThePreviousBytes) {
   ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)));
   const std::string claimed = testing::RandomValue(kSize, 9);
   iovec iov{const_cast<char*>(claimed.data()), claimed.size()};
+  const uint64_t checksum = wire::Checksum({&iov, 1});
+
+  // Nothing written.
   v1::PutStartResult lazy = Reserve("lazy", kSize);
-  ASSERT_EQ(Commit("lazy", lazy.put_id(), wire::Checksum({&iov, 1})), v1::OK);
-  absl::StatusOr<std::string> read = client_->Get("lazy");  // a default client
-  EXPECT_EQ(ToErrorCode(read.status()), v1::CHECKSUM_MISMATCH) << read.status();
+  EXPECT_EQ(Commit("lazy", lazy.put_id(), checksum), v1::CHECKSUM_MISMATCH);
+  EXPECT_EQ(ToErrorCode(client_->Get("lazy").status()), v1::OBJECT_NOT_FOUND);
+  // Half written, the rest of the range holds older bytes.
+  // (the writer sends the header of the whole range, half the payload, and hangs up).
+  v1::PutStartResult half = Reserve("half", kSize);
+  int fd = ConnectTcp(segment_.data);
+  SendHeader(fd, HeaderFor(wire::Opcode::kWrite, half.placements(0)));
+  SendAll(fd, claimed.data(), kSize / 2);
+  absl::SleepFor(absl::Milliseconds(200));
+  close(fd);
+  EXPECT_EQ(Commit("half", half.put_id(), checksum), v1::CHECKSUM_MISMATCH);
+  EXPECT_EQ(ToErrorCode(client_->Get("half").status()), v1::OBJECT_NOT_FOUND);
+  // Wrong bytes written in full.
+  v1::PutStartResult wrong = Reserve("wrong", kSize);
+  auto [code, message] =
+      RawWrite(segment_.data, wrong.placements(0), testing::RandomValue(kSize, 10));
+  ASSERT_EQ(code, v1::OK) << message;
+  EXPECT_EQ(Commit("wrong", wrong.put_id(), checksum), v1::CHECKSUM_MISMATCH);
+  EXPECT_EQ(ToErrorCode(client_->Get("wrong").status()), v1::OBJECT_NOT_FOUND);
+  // The refused ranges are freed (once the segment applied the FORGETs).
+  EXPECT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)))
+      << Used() << " bytes used, " << baseline << " before";
+  // The same bytes written in full commit.
+  v1::PutStartResult honest = Reserve("honest", kSize);
+  std::tie(code, message) = RawWrite(segment_.data, honest.placements(0), claimed);
+  ASSERT_EQ(code, v1::OK) << message;
+  EXPECT_EQ(Commit("honest", honest.put_id(), checksum), v1::OK);
+  EXPECT_EQ(client_->Get("honest").value_or("<lost>"), claimed);
 }
 
 // The control path between segment and master, cut for longer than the manifest sync

@@ -103,14 +103,17 @@ class MasterGrpcService::Call {
 };
 
 grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(
-    const Call& call, ManifestSync::Ticket ticket, std::function<absl::Status()> not_durable) {
-  master_.manifest_sync().Wait(std::move(ticket),
-                               absl::Now() + master_.options().manifest_sync_timeout,
-                               [call, not_durable = std::move(not_durable)](bool durable) {
-                                 absl::Status finish = absl::OkStatus();
-                                 if (!durable && not_durable) finish = not_durable();
-                                 call.Finish(finish);
-                               });
+    const Call& call, ManifestSync::Ticket ticket, std::function<absl::Status()> not_durable,
+    std::function<void()> durable_too) {
+  master_.manifest_sync().Wait(
+      std::move(ticket), absl::Now() + master_.options().manifest_sync_timeout,
+      [call, not_durable = std::move(not_durable),
+       durable_too = std::move(durable_too)](bool durable) {
+        absl::Status finish = absl::OkStatus();
+        if (!durable && not_durable) finish = not_durable();
+        if (durable && durable_too) durable_too();
+        call.Finish(finish);
+      });
   return call.reactor();
 }
 
@@ -176,9 +179,10 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
   if (!reply.segment) return call.Finish(absl::OkStatus());
   SegmentId segment = *reply.segment;
   uint64_t acked = request->acked_seq();
-  auto answer = [this, call, response, segment, acked] {
+  std::vector<uint64_t> refused(request->refused_seqs().begin(), request->refused_seqs().end());
+  auto answer = [this, call, response, segment, acked, refused = std::move(refused)] {
     ManifestSync::Batch batch =
-        master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat);
+        master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat, refused);
     for (const ManifestRecord& record : batch.records) ToProto(record, response->add_records());
     response->set_last_seq(batch.last_seq);
     call.Finish(absl::OkStatus());
@@ -228,8 +232,17 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
   // A commit is acknowledged only once every segment holding a replica has recorded it in
   // its manifest; else it is WRITE_FAIL (retryable: BatchPutEnd again with the same put_id).
+  // A segment that refused it (its range does not hold the checksum's bytes) makes it
+  // CHECKSUM_MISMATCH.
   metrics_.RecordKeyCodes(Rpc::kBatchPutEnd, Codes(ended.results));
-  auto not_durable = [response] {
+  auto refused = [response, refusals = ended.refusals] {
+    absl::MutexLock lock(&refusals->mu);
+    for (const auto& [index, status] : refusals->by_index) {
+      SetResult(status, response->mutable_results(static_cast<int>(index)));
+    }
+  };
+  auto not_durable = [response, refused] {
+    refused();
     for (v1::KeyResult& result : *response->mutable_results()) {
       if (result.code() == v1::OK) {
         result.set_code(v1::WRITE_FAIL);
@@ -240,7 +253,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
     }
     return absl::OkStatus();
   };
-  return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable));
+  return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable),
+                           std::move(refused));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(

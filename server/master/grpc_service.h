@@ -68,11 +68,12 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   // Finishes the call once the ticket's manifest records are applied (or time is up).
   // Answers once the ticket's records are applied; runs `not_durable` first (to mark the
   // results) if they are not within the manifest sync timeout.
-  // Finishes the call once the ticket's records are applied; if they are not in time,
-  // `not_durable` runs first (rewriting the per-key results) and its status ends the call.
-  grpc::ServerUnaryReactor* FinishWhenDurable(
-      const Call& call, ManifestSync::Ticket ticket,
-      std::function<absl::Status()> not_durable = nullptr);
+  // Finishes the call once the ticket's records are applied (after running `durable_too`);
+  // if they are not in time, `not_durable` runs first (rewriting the per-key results) and its
+  // status ends the call.
+  grpc::ServerUnaryReactor* FinishWhenDurable(const Call& call, ManifestSync::Ticket ticket,
+                                              std::function<absl::Status()> not_durable = nullptr,
+                                              std::function<void()> durable_too = nullptr);
 
   Master& master_;
   MasterMetrics& metrics_;

@@ -80,6 +80,16 @@ void IndexShard::MarkWritesFenced(absl::string_view key, uint64_t grant) {
   }
 }
 
+bool IndexShard::DropRefused(absl::string_view key, uint64_t grant) {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return false;
+  bool ours = std::any_of(it->second.replicas.begin(), it->second.replicas.end(),
+                          [grant](const Replica& replica) { return replica.grant == grant; });
+  if (ours) EraseLocked(it, /*free_space=*/true);
+  return ours;
+}
+
 ObjectView IndexShard::View(const Object& object) {
   return ObjectView{*object.key,  object.size,         object.put_id,  object.checksum,
                     object.pin,   object.lease_expiry, object.replicas};

@@ -165,6 +165,11 @@ class IndexShard {
   // The segment holding `key`'s replica of `grant` has applied its commit (writes ended).
   void MarkWritesFenced(absl::string_view key, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The segment holding `key`'s replica of `grant` refused its commit (the range does not
+  // hold the bytes of the checksum): the object is dropped and its space freed (after the
+  // segment applies the FORGET). False if `key` no longer has a replica of `grant`.
+  bool DropRefused(absl::string_view key, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Frees a reservation. NotFound unless `key` is reserved (not committed) with `put_id`.
   absl::Status Revoke(absl::string_view key, uint64_t put_id, absl::string_view caller = "")
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -38,7 +38,7 @@ void ManifestSync::Append(SegmentId segment, ManifestRecord record, Ticket* tick
 }
 
 void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record,
-                              std::function<void()> then) {
+                              std::function<void()> then, std::function<void()> refused) {
   std::function<void()> poll;
   std::function<void(const ManifestRecord&)> local;
   bool queued = false;
@@ -53,6 +53,7 @@ void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record,
       uint64_t seq = queue.next_seq++;
       queue.records.push_back(std::move(record));
       if (then) queue.after_applied.emplace_back(seq, std::move(then));
+      if (refused) queue.if_refused.emplace(seq, std::move(refused));
       poll = std::move(queue.poll);
       queue.poll = nullptr;
     }
@@ -71,10 +72,12 @@ void ManifestSync::Barrier(SegmentId segment, Ticket* ticket) {
   }
 }
 
-ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t max_records) {
+ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t max_records,
+                                       absl::Span<const uint64_t> refused) {
   Batch batch;
   std::vector<std::pair<std::function<void(bool)>, bool>> done;
   std::vector<std::function<void()>> after;
+  std::vector<std::function<void()>> refusals;
   {
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(segment);
@@ -83,9 +86,17 @@ ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t
     // A segment cannot have applied what was never sent (e.g. numbers from a previous
     // master): clamp, so nothing is skipped.
     acked = std::min(acked, queue.next_seq - 1);
+    for (uint64_t seq : refused) {
+      if (seq <= queue.acked || seq > acked) continue;  // not newly acknowledged
+      if (auto it = queue.if_refused.find(seq); it != queue.if_refused.end()) {
+        refusals.push_back(std::move(it->second));
+        queue.if_refused.erase(it);
+      }
+    }
     while (queue.acked < acked) {
       queue.records.pop_front();
       ++queue.acked;
+      queue.if_refused.erase(queue.acked);
     }
     done = ReleaseLocked(segment, queue.acked);
     while (!queue.after_applied.empty() && queue.after_applied.front().first <= queue.acked) {
@@ -97,6 +108,7 @@ ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t
     batch.last_seq = queue.acked + n;
     batch.more = n < queue.records.size();
   }
+  for (auto& refusal : refusals) refusal();
   for (auto& then : after) then();
   for (auto& [callback, ok] : done) callback(ok);
   return batch;

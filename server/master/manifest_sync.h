@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "server/master/index_shard.h"
 #include "server/master/segment_registry.h"
@@ -76,14 +77,18 @@ class ManifestSync {
   void Append(SegmentId segment, ManifestRecord record, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues a record and runs `then` once the segment has applied it (or is gone; at once for
   // a local or untracked segment). `then` may run on the caller's thread.
-  void AppendThen(SegmentId segment, ManifestRecord record, std::function<void()> then)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `refused` (if given) runs instead of nothing when the segment reports that it refused
+  // the record (an ADD whose range does not hold the bytes of its checksum), before `then`
+  // and before the waiters on the record are released.
+  void AppendThen(SegmentId segment, ManifestRecord record, std::function<void()> then,
+                  std::function<void()> refused = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds to `ticket` everything queued for the segment so far.
   void Barrier(SegmentId segment, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Acknowledges every record up to `acked` (releasing waiters) and returns up to
-  // `max_records` records after it.
-  Batch Sync(SegmentId segment, uint64_t acked, size_t max_records) ABSL_LOCKS_EXCLUDED(mu_);
+  // Acknowledges every record up to `acked` (releasing waiters; those in `refused` were
+  // refused by the segment, see AppendThen) and returns up to `max_records` records after it.
+  Batch Sync(SegmentId segment, uint64_t acked, size_t max_records,
+             absl::Span<const uint64_t> refused = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Parks a heartbeat poll: `ready` runs once, when a record is appended for the segment,
   // the segment is untracked, or `deadline` passes (Tick). A newer poll replaces (and
@@ -118,6 +123,8 @@ class ManifestSync {
     absl::Time poll_deadline;
     // Run once the record of that sequence number is applied.
     std::deque<std::pair<uint64_t, std::function<void()>>> after_applied;
+    // Run if the segment refuses the record of that sequence number.
+    absl::flat_hash_map<uint64_t, std::function<void()>> if_refused;
     // Set for a local segment.
     std::function<void(const ManifestRecord&)> local;
   };

@@ -422,7 +422,8 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
   Durable<absl::Status> durable;
   durable.results.reserve(puts.size());
   absl::Time now = options_.clock();
-  for (const PutRef& put : puts) {
+  for (size_t index = 0; index < puts.size(); ++index) {
+    const PutRef& put = puts[index];
     absl::Status valid = ValidateKey(put.key);
     if (!valid.ok()) {
       durable.results.push_back(valid);
@@ -445,6 +446,22 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
                          now + options_.put_timeout},
           [this, key = put.key, grant = replica.grant] {
             ShardFor(key).MarkWritesFenced(key, grant);
+          },
+          // The segment found other bytes in the range than those of the checksum (never, or
+          // wrongly, written): the commit fails and the object goes; the FORGET that frees the
+          // range also ends the grant for reads.
+          [this, key = put.key, grant = replica.grant, index, refusals = durable.refusals,
+           segment = replica.segment->info().name] {
+            if (!ShardFor(key).DropRefused(key, grant)) return;
+            KVPOOL_LOG(WARNING) << "segment " << segment << " refused the commit of " << key
+                                << ": its range does not hold the bytes of the checksum";
+            absl::MutexLock lock(&refusals->mu);
+            refusals->by_index[index] = ErrorStatus(
+                v1::CHECKSUM_MISMATCH,
+                absl::StrCat("segment ", segment,
+                             " refused the commit: the bytes in the reserved range do not match "
+                             "the checksum given (never, partly or wrongly written); nothing was "
+                             "committed, put again"));
           });
       manifest_sync_.Barrier(replica.segment->id(), &durable.ticket);
     }

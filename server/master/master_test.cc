@@ -626,6 +626,51 @@ TEST_F(MasterTest, ManifestRecordsCommitsAndForgetsAndRebuildsTheIndex) {
   EXPECT_EQ(batch.records[0].kind, ManifestRecord::Kind::kForget);
 }
 
+TEST_F(MasterTest, ACommitTheSegmentRefusesFailsAndFreesItsRange) {
+  SegmentInfo info = Segment("a", 1 << 20);
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  auto id = master_.Heartbeat("a", 1).segment;
+  ASSERT_TRUE(id.has_value());
+  PutStartResult bad = PutStart("bad", 1000);
+  PutStartResult good = PutStart("good", 1000);
+  Durable<absl::Status> ended = master_.BatchPutEnd(
+      {PutRef{"bad", bad.put_id, 0xabc}, PutRef{"good", good.put_id, 0xdef}});
+  ASSERT_TRUE(ended.results[0].ok() && ended.results[1].ok());
+  bool durable = false;
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Seconds(1), [&](bool ok) {
+    durable = ok;
+    // The refusal is known before the waiters are released.
+    absl::MutexLock lock(&ended.refusals->mu);
+    EXPECT_EQ(ended.refusals->by_index.size(), 1u);
+  });
+  ManifestSync::Batch batch = master_.manifest_sync().Sync(*id, 0, 100);
+  ASSERT_EQ(batch.records.size(), 2u);
+  // The segment applied the second ADD and refused the first.
+  uint64_t refused_seq = batch.last_seq - 1;
+  batch = master_.manifest_sync().Sync(*id, batch.last_seq, 100, {refused_seq});
+  EXPECT_TRUE(durable);
+  {
+    absl::MutexLock lock(&ended.refusals->mu);
+    ASSERT_EQ(ended.refusals->by_index.count(0), 1u);
+    EXPECT_EQ(ToErrorCode(ended.refusals->by_index[0]), v1::CHECKSUM_MISMATCH);
+    EXPECT_EQ(ended.refusals->by_index.count(1), 0u);
+  }
+  EXPECT_EQ(master_.BatchGetReplicaList({"bad"})[0].status.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(master_.BatchGetReplicaList({"good"})[0].status.ok());
+  // The FORGET that ends the refused grant (reads too) frees the range once applied; it was
+  // queued by the refusal, so the next heartbeat fetches it.
+  batch = master_.manifest_sync().Sync(*id, batch.last_seq, 100);
+  ASSERT_EQ(batch.records.size(), 1u);
+  EXPECT_EQ(batch.records[0].kind, ManifestRecord::Kind::kForget);
+  EXPECT_EQ(batch.records[0].key, "bad");
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 2048u);
+  master_.manifest_sync().Sync(*id, batch.last_seq, 100);
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 1024u);
+  // A refusal reported again (a retried heartbeat) changes nothing.
+  master_.manifest_sync().Sync(*id, batch.last_seq, 100, {refused_seq});
+  EXPECT_TRUE(master_.BatchGetReplicaList({"good"})[0].status.ok());
+}
+
 TEST_F(MasterTest, ClosingManifestSyncAnswersParkedPollsAndWaiters) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   SegmentId id = *master_.Heartbeat("a", 1).segment;

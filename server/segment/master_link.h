@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -41,6 +42,10 @@ struct MasterLinkOptions {
   std::function<void()> on_drained;
   // Print "kvpool-segment mounted master=... objects=N" on stdout at every mount.
   bool print_mounts = false;
+  // Whether [offset, offset + size) of the pool holds bytes of this checksum. A commit (ADD
+  // record) with a checksum whose range does not is refused back to the master instead of
+  // applied (docs/semantics.md, "Grants"). Unset: every commit is applied.
+  std::function<bool(uint64_t offset, uint64_t size, uint64_t checksum)> holds_bytes;
 };
 
 class MasterLink {
@@ -81,6 +86,9 @@ class MasterLink {
   // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t acked_seq_ = 0;
+  // ADD records (by sequence number) refused and not yet reported to this master.
+  std::vector<uint64_t> refused_seqs_;
+  absl::Time last_refusal_log_ = absl::InfinitePast();
   std::thread thread_;
 };
 
