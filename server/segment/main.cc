@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, rdma_device, "",
           "none. Without a device the segment serves TCP and shared memory only");
 ABSL_FLAG(bool, enable_test_hooks, false,
           "Serve /debug/corrupt?offset=N on the HTTP port (flips a pool byte; tests only)");
+ABSL_FLAG(bool, verify_commits, true,
+          "Hash each committed range and refuse a commit whose bytes do not match its "
+          "checksum (turn off only to measure what the check costs)");
 ABSL_FLAG(bool, require_token, true,
           "Serve only ranges granted by the master's capability tokens (turn off only in "
           "benchmarks of the raw data plane)");
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
       !group.ok()) {
     return Fail(group);
   }
+  options.verify_commits = absl::GetFlag(FLAGS_verify_commits);
   options.print_mounts = true;
   options.on_drained = [] { kill(getpid(), SIGTERM); };
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =

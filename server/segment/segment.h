@@ -45,6 +45,8 @@ struct SegmentOptions {
   std::string master_address;
   // If above zero, Start() waits this long for the first mount (Unavailable if it fails).
   absl::Duration mount_timeout = absl::ZeroDuration();
+  // Refuse a commit whose range does not hash to its checksum (MasterLinkOptions::holds_bytes).
+  bool verify_commits = true;
   // Print "kvpool-segment mounted ..." on stdout at every mount (the daemon's readiness line).
   bool print_mounts = false;
   std::function<void()> on_drained;
