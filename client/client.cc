@@ -316,15 +316,29 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
     transport->Execute(absl::MakeSpan(ops), deadline);
     waiting.clear();
     absl::Time finished = absl::Now();
+    // The values to check, hashed together (on several threads for a large batch).
+    std::vector<bool> check(ops.size(), false);
+    std::vector<std::vector<iovec>> to_hash;
+    std::vector<size_t> hashed_as(ops.size(), 0);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      size_t i = owners[k];
+      bool lease_ran_out = finished > located[i].lease_expiry;
+      check[k] = ops[k].status.ok() &&
+                 (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
+                  located[i].cached) &&
+                 located[i].result.checksum() != 0;
+      if (check[k]) {
+        hashed_as[k] = to_hash.size();
+        to_hash.push_back(targets[i]);
+      }
+    }
+    std::vector<uint64_t> sums = to_hash.empty() ? std::vector<uint64_t>() : Checksums(to_hash);
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
       const v1::GetResult& result = located[i].result;
       if (ops[k].status.ok()) {
         bool lease_ran_out = finished > located[i].lease_expiry;
-        bool check = (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
-                      located[i].cached) &&
-                     result.checksum() != 0;
-        if (check && wire::Checksum(targets[i]) != result.checksum()) {
+        if (check[k] && sums[hashed_as[k]] != result.checksum()) {
           results[i] = lease_ran_out
                            ? ErrorStatus(v1::LEASE_EXPIRED,
                                          "the read outlasted its lease and the object changed")
@@ -509,17 +523,34 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
     if (results[i].ok()) item->set_checksum(checksums[i]);
     if (results[i].ok()) committed.push_back(i);
   }
-  if (!committed.empty()) {
+  // A commit the master could not make durable on every replica's segment in time is
+  // WRITE_FAIL; committing again with the same put_id is safe, so it is retried a few times
+  // (each waits up to the master's manifest sync timeout) before the caller hears of it.
+  constexpr int kCommitAttempts = 3;
+  for (int attempt = 0; attempt < kCommitAttempts && !committed.empty(); ++attempt) {
     absl::StatusOr<v1::BatchPutEndResponse> ended = master.BatchPutEnd(end);
     if (ended.ok() && ended->results_size() != static_cast<int>(committed.size())) {
       ended = CountMismatch(ended->results_size(), committed.size());
     }
+    v1::BatchPutEndRequest retry;
+    std::vector<size_t> again;
     for (size_t k = 0; k < committed.size(); ++k) {
-      results[committed[k]] =
-          ended.ok() ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
-                                     ended->results(static_cast<int>(k)).message())
-                     : ended.status();
+      absl::Status answer = ended.ok()
+                                ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
+                                                ended->results(static_cast<int>(k)).message())
+                                : ended.status();
+      // A retried commit whose object went away meanwhile (its segment declared dead) was
+      // never durable: it stays WRITE_FAIL (put again), not a miss.
+      if (attempt == 0 || ToErrorCode(answer) != v1::OBJECT_NOT_FOUND) {
+        results[committed[k]] = answer;
+      }
+      if (ended.ok() && ended->results(static_cast<int>(k)).code() == v1::WRITE_FAIL) {
+        *retry.add_items() = end.items(static_cast<int>(k));
+        again.push_back(committed[k]);
+      }
     }
+    end = std::move(retry);
+    committed = std::move(again);
   }
   if (revoke.items_size() > 0) {
     // Best effort: a reservation that is not revoked expires on the master by itself.
@@ -554,6 +585,20 @@ absl::StatusOr<std::string> Client::Impl::GetValue(absl::string_view key,
     const v1::GetResult& result = (*located)[0].result;
     if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
     if (result.replicas().empty()) return absl::InternalError("master gave no replica");
+    // What the master says is checked before it sizes an allocation: a bad answer is an
+    // error, never an abort (or an attempt to allocate petabytes).
+    constexpr uint64_t kMaxValueBytes = uint64_t{64} << 30;
+    for (const v1::Placement& replica : result.replicas()) {
+      if (replica.length() != result.size()) {
+        return absl::InternalError(absl::StrCat("master placed ", replica.length(),
+                                                " bytes for an object of ", result.size()));
+      }
+    }
+    if (result.size() == 0 || result.size() > kMaxValueBytes) {
+      return absl::InternalError(
+          absl::StrCat("master answered a size of ", result.size(), " bytes for \"", key,
+                       "\" (want 1 to ", kMaxValueBytes, "; use the buffer variant of Get)"));
+    }
     std::string value(result.size(), '\0');
     std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
     std::vector<absl::StatusOr<uint64_t>> results(1);

@@ -2,13 +2,19 @@
 
 // Capability tokens: how a segment knows that the master granted a byte range.
 //
-// Each segment draws a random secret when it starts and hands it to the master when it
-// mounts. For every placement the master mints a token over (opcode, offset, length, expiry);
-// the segment recomputes it and serves the range only if it matches and has not expired.
-// A client can therefore touch exactly the ranges the master gave it, for the time it gave.
+// Each segment draws a fresh random secret every time it mounts on a master and hands it to
+// that master. For every placement the master mints a token over (opcode, offset, length,
+// expiry, grant); the segment recomputes it and serves the range only if it matches and has
+// not expired. A client can therefore touch exactly the ranges the master gave it, for the
+// time it gave. Because the secret changes with every mount, a token minted by an earlier
+// master (or an earlier mount: a master term) fails the check: grants are fenced by term.
 //
-// Token layout (wire::kTokenSize = 24 bytes): u64 expiry (Unix ms, little-endian), then the
-// first 16 bytes of HMAC-SHA256(secret, "kvpool-cap-v1" | opcode | offset | length | expiry).
+// The grant id names the reservation (or committed object) the token belongs to: the segment
+// refuses a token whose grant the master has since ended (GrantTable), whatever its expiry.
+//
+// Token layout (wire::kTokenSize = 32 bytes): u64 expiry (Unix ms), u64 grant id (both
+// little-endian), then the first 16 bytes of
+// HMAC-SHA256(secret, "kvpool-cap-v2" | opcode | offset | length | expiry | grant).
 
 #include <cstdint>
 #include <string>
@@ -25,7 +31,11 @@ inline constexpr size_t kSecretSize = 32;
 std::string NewCapabilitySecret();
 
 Token MintToken(const std::string& secret, Opcode opcode, uint64_t offset, uint64_t length,
-                absl::Time expiry);
+                absl::Time expiry, uint64_t grant = 0);
+
+// The grant id and expiry a token carries (unauthenticated: verify first).
+uint64_t TokenGrant(const Token& token);
+absl::Time TokenExpiry(const Token& token);
 
 // PermissionDenied (with the reason) when the token was not minted for exactly this request
 // with this secret; DeadlineExceeded when it was, but expired before `now` (a read whose

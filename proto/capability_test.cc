@@ -45,5 +45,18 @@ TEST(CapabilityTest, RejectsOtherSecretsTamperingAndExpiry) {
   EXPECT_NE(expired.message().find("expired"), absl::string_view::npos);
 }
 
+TEST(CapabilityTest, CarriesAndBindsItsGrant) {
+  std::string secret = NewCapabilitySecret();
+  absl::Time now = absl::Now();
+  Token token = MintToken(secret, Opcode::kWrite, 0, 100, now + absl::Seconds(5), 0xfeed);
+  EXPECT_EQ(TokenGrant(token), 0xfeedu);
+  EXPECT_EQ(absl::ToUnixMillis(TokenExpiry(token)), absl::ToUnixMillis(now + absl::Seconds(5)));
+  ASSERT_TRUE(VerifyToken(secret, Request(Opcode::kWrite, 0, 100, token), now).ok());
+  Token other = token;
+  other[8] ^= 1;  // another grant, not re-signed
+  EXPECT_EQ(VerifyToken(secret, Request(Opcode::kWrite, 0, 100, other), now).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 }  // namespace
 }  // namespace kvpool::wire

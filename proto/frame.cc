@@ -16,7 +16,6 @@ void EncodeRequest(const RequestHeader& header, uint8_t out[kRequestHeaderSize])
   StoreLittleEndian<uint64_t>(out + 16, header.offset);
   StoreLittleEndian<uint64_t>(out + 24, header.length);
   std::memcpy(out + 32, header.token.data(), kTokenSize);
-  StoreLittleEndian<uint64_t>(out + 56, 0);
 }
 
 absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t in[kRequestHeaderSize]) {
@@ -43,7 +42,6 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t in[kRequestHeaderSize]
   header.offset = LoadLittleEndian<uint64_t>(in + 16);
   header.length = LoadLittleEndian<uint64_t>(in + 24);
   std::memcpy(header.token.data(), in + 32, kTokenSize);
-  if (LoadLittleEndian<uint64_t>(in + 56) != 0) return absl::InvalidArgumentError("reserved field is not 0");
   return header;
 }
 

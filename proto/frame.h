@@ -9,15 +9,15 @@
 //
 //   request (64 bytes)                     response (32 bytes)
 //   0  u32 magic "KVPL"                    0  u32 magic "KVPR"
-//   4  u8  version (1)                     4  i32 status (ErrorCode, 0 = OK)
+//   4  u8  version (2)                     4  i32 status (ErrorCode, 0 = OK)
 //   5  u8  opcode (1 READ, 2 WRITE,        8  u64 request_id (echoed)
 //              3 PING, 4 RDMA_CONNECT)
 //   6  u16 flags (0)                       16 u64 length of what follows
 //   8  u64 request_id                      24 u64 reserved (0)
 //   16 u64 offset in the pool
 //   24 u64 length in bytes
-//   32 u8[24] capability token
-//   56 u64 reserved (0)
+//   32 u8[32] capability token (u64 expiry, u64 grant id, MAC:
+//              proto/capability.h)
 
 #include <array>
 #include <cstdint>
@@ -28,10 +28,10 @@ namespace kvpool::wire {
 
 inline constexpr uint32_t kRequestMagic = 0x4C50564B;   // "KVPL" in memory order
 inline constexpr uint32_t kResponseMagic = 0x5250564B;  // "KVPR" in memory order
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kRequestHeaderSize = 64;
 inline constexpr size_t kResponseHeaderSize = 32;
-inline constexpr size_t kTokenSize = 24;
+inline constexpr size_t kTokenSize = 32;
 // Error reasons in responses are cut to this many bytes.
 inline constexpr size_t kMaxErrorMessage = 1024;
 
@@ -62,7 +62,7 @@ struct ResponseHeader {
 };
 
 void EncodeRequest(const RequestHeader& header, uint8_t out[kRequestHeaderSize]);
-// InvalidArgument, with the reason, for a bad magic, version, opcode, flags or reserved field.
+// InvalidArgument, with the reason, for a bad magic, version, opcode or flags.
 absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t in[kRequestHeaderSize]);
 
 void EncodeResponse(const ResponseHeader& header, uint8_t out[kResponseHeaderSize]);

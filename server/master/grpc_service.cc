@@ -54,13 +54,27 @@ void ToProto(const ManifestRecord& record, v1::ManifestRecord* out) {
   out->set_size(record.size);
   out->set_checksum(record.checksum);
   out->set_pin(static_cast<v1::PinMode>(record.pin));
+  out->set_grant(record.grant);
+  out->set_until_ms(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(record.until))));
 }
 
-std::vector<PutRef> ToPutRefs(const google::protobuf::RepeatedPtrField<v1::PutEndItem>& items) {
+// Who calls: the peer's host ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"), the same across
+// the client's reconnections; a reservation is tied to it.
+std::string Caller(const grpc::CallbackServerContext* context) {
+  std::string peer = context->peer();
+  if (size_t colon = peer.rfind(':'); colon != std::string::npos &&
+                                      (peer.starts_with("ipv4:") || peer.starts_with("ipv6:"))) {
+    peer.resize(colon);
+  }
+  return peer;
+}
+
+std::vector<PutRef> ToPutRefs(const google::protobuf::RepeatedPtrField<v1::PutEndItem>& items,
+                              const std::string& caller) {
   std::vector<PutRef> puts;
   puts.reserve(items.size());
   for (const v1::PutEndItem& item : items) {
-    puts.push_back(PutRef{item.key(), item.put_id(), item.checksum()});
+    puts.push_back(PutRef{item.key(), item.put_id(), item.checksum(), caller});
   }
   return puts;
 }
@@ -91,11 +105,18 @@ class MasterGrpcService::Call {
   absl::Time start_;
 };
 
-grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(const Call& call,
-                                                               ManifestSync::Ticket ticket) {
-  master_.manifest_sync().Wait(std::move(ticket),
-                               absl::Now() + master_.options().manifest_sync_timeout,
-                               [call](bool) { call.Finish(absl::OkStatus()); });
+grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(
+    const Call& call, ManifestSync::Ticket ticket, std::function<absl::Status()> not_durable,
+    std::function<void()> durable_too) {
+  master_.manifest_sync().Wait(
+      std::move(ticket), absl::Now() + master_.options().manifest_sync_timeout,
+      [call, not_durable = std::move(not_durable),
+       durable_too = std::move(durable_too)](bool durable) {
+        absl::Status finish = absl::OkStatus();
+        if (!durable && not_durable) finish = not_durable();
+        if (durable && durable_too) durable_too();
+        call.Finish(finish);
+      });
   return call.reactor();
 }
 
@@ -161,9 +182,10 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
   if (!reply.segment) return call.Finish(absl::OkStatus());
   SegmentId segment = *reply.segment;
   uint64_t acked = request->acked_seq();
-  auto answer = [this, call, response, segment, acked] {
+  std::vector<uint64_t> refused(request->refused_seqs().begin(), request->refused_seqs().end());
+  auto answer = [this, call, response, segment, acked, refused = std::move(refused)] {
     ManifestSync::Batch batch =
-        master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat);
+        master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat, refused);
     for (const ManifestRecord& record : batch.records) ToProto(record, response->add_records());
     response->set_last_seq(batch.last_seq);
     call.Finish(absl::OkStatus());
@@ -185,7 +207,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
   PutStartOptions options{.replica_num = request->replica_num(),
                           .pin = FromProto(request->pin()),
                           .preferred_host = request->preferred_host(),
-                          .preferred_machine_id = request->preferred_machine_id()};
+                          .preferred_machine_id = request->preferred_machine_id(),
+                          .owner = Caller(context)};
   absl::StatusOr<std::vector<PutStartResult>> results =
       master_.BatchPutStart(ToKeys(request->keys()), sizes, options);
   if (!results.ok()) return call.Finish(results.status());
@@ -208,17 +231,40 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
                                                          const v1::BatchPutEndRequest* request,
                                                          v1::BatchPutEndResponse* response) {
   Call call(metrics_, Rpc::kBatchPutEnd, context);
-  Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items()));
+  Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items(), Caller(context)));
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
+  // A commit is acknowledged only once every segment holding a replica has recorded it in
+  // its manifest; else it is WRITE_FAIL (retryable: BatchPutEnd again with the same put_id).
+  // A segment that refused it (its range does not hold the checksum's bytes) makes it
+  // CHECKSUM_MISMATCH.
   metrics_.RecordKeyCodes(Rpc::kBatchPutEnd, Codes(ended.results));
-  return FinishWhenDurable(call, std::move(ended.ticket));
+  auto refused = [response, refusals = ended.refusals] {
+    absl::MutexLock lock(&refusals->mu);
+    for (const auto& [index, status] : refusals->by_index) {
+      SetResult(status, response->mutable_results(static_cast<int>(index)));
+    }
+  };
+  auto not_durable = [response, refused] {
+    refused();
+    for (v1::KeyResult& result : *response->mutable_results()) {
+      if (result.code() == v1::OK) {
+        result.set_code(v1::WRITE_FAIL);
+        result.set_message(
+            "committed, but not yet durable: a segment holding a replica did not record it in "
+            "time (control path cut or segment gone); retry BatchPutEnd with the same put_id");
+      }
+    }
+    return absl::OkStatus();
+  };
+  return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable),
+                           std::move(refused));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
     grpc::CallbackServerContext* context, const v1::BatchPutRevokeRequest* request,
     v1::BatchPutRevokeResponse* response) {
   Call call(metrics_, Rpc::kBatchPutRevoke, context);
-  std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items()));
+  std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items(), Caller(context)));
   for (const absl::Status& status : revoked) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchPutRevoke, Codes(revoked));
   return call.Finish(absl::OkStatus());
@@ -273,7 +319,23 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
   Durable<absl::Status> removed = master_.BatchRemove(ToKeys(request->keys()), request->force());
   for (const absl::Status& status : removed.results) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchRemove, Codes(removed.results));
-  return FinishWhenDurable(call, std::move(removed.ticket));
+  // A removal is acknowledged only once every segment that held a replica has dropped it
+  // from its manifest (else a restarted master would serve the object again); else it is
+  // WRITE_FAIL, retryable. The object is gone from the index either way.
+  auto not_durable = [response] {
+    for (v1::KeyResult& result : *response->mutable_results()) {
+      if (result.code() == v1::OK) {
+        result.set_code(v1::WRITE_FAIL);
+        result.set_message(
+            "removed, but not yet durable: a segment that held a replica did not record the "
+            "removal in time (control path cut or segment gone), so a master restart before it "
+            "does could bring the object back; retry BatchRemove (it answers OBJECT_NOT_FOUND "
+            "once the removal is in the index, and the segment applies it when it reconnects)");
+      }
+    }
+    return absl::OkStatus();
+  };
+  return FinishWhenDurable(call, std::move(removed.ticket), std::move(not_durable));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerContext* context,
@@ -291,7 +353,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerConte
   }
   Durable<uint64_t> removed = master_.RemoveAll(request->force(), key_filter.get());
   response->set_removed(removed.results[0]);
-  return FinishWhenDurable(call, std::move(removed.ticket));
+  return FinishWhenDurable(call, std::move(removed.ticket), [] {
+    return absl::UnavailableError(
+        "removed, but not yet durable: a segment did not record the removals in time (control "
+        "path cut or segment gone); a master restart before it does could bring objects back");
+  });
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerContext* context,

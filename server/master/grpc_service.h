@@ -1,5 +1,7 @@
 #pragma once
 
+#include <functional>
+
 // The master's gRPC service (callback API): converts protos to core types, calls Master,
 // converts back. No logic of its own, and nothing here blocks: calls that wait (a segment's
 // long-poll heartbeat, a commit waiting for segments to record it) park their reactor with
@@ -64,7 +66,14 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
  private:
   class Call;
   // Finishes the call once the ticket's manifest records are applied (or time is up).
-  grpc::ServerUnaryReactor* FinishWhenDurable(const Call& call, ManifestSync::Ticket ticket);
+  // Answers once the ticket's records are applied; runs `not_durable` first (to mark the
+  // results) if they are not within the manifest sync timeout.
+  // Finishes the call once the ticket's records are applied (after running `durable_too`);
+  // if they are not in time, `not_durable` runs first (rewriting the per-key results) and its
+  // status ends the call.
+  grpc::ServerUnaryReactor* FinishWhenDurable(const Call& call, ManifestSync::Ticket ticket,
+                                              std::function<absl::Status()> not_durable = nullptr,
+                                              std::function<void()> durable_too = nullptr);
 
   Master& master_;
   MasterMetrics& metrics_;

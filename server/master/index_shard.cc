@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <atomic>
 
+#include <openssl/rand.h>
+
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "proto/error_codes.h"
 
 namespace kvpool::master {
@@ -31,7 +34,61 @@ std::vector<Replica>::iterator ReplicaOn(std::vector<Replica>& replicas,
 // The global order of accesses, shared by every shard (and every master in a process).
 std::atomic<uint64_t> access_clock{0};
 
+// No token of the object's grants is valid after this.
+absl::Time GrantsEnd(const Object& object) {
+  absl::Time until = std::max(object.put_deadline, object.lease_expiry);
+  if (object.migration) until = std::max(until, object.migration->deadline);
+  return until;
+}
+
 }  // namespace
+
+uint64_t NewGrant() {
+  uint64_t grant = 0;
+  while (grant == 0) {
+    KVPOOL_CHECK(RAND_bytes(reinterpret_cast<uint8_t*>(&grant), sizeof(grant)) == 1)
+        << "no randomness for a grant id";
+  }
+  return grant;
+}
+
+// Clocks of master and segments may differ this much.
+constexpr absl::Duration kClockSlack = absl::Seconds(1);
+
+bool IndexShard::TokensLive(const Object& object, const Replica& replica, absl::Time now) {
+  bool reads_live = object.lease_expiry + kClockSlack > now ||
+                    (object.migration && object.migration->deadline + kClockSlack > now);
+  bool writes_live = !replica.writes_fenced && object.put_deadline + kClockSlack > now;
+  return reads_live || writes_live;
+}
+
+void IndexShard::ReleaseLocked(const Replica& replica, uint64_t size, const std::string& key,
+                               absl::Time until, bool tokens_live) {
+  if (releaser_) {
+    releaser_(replica, size, key, until, tokens_live);
+  } else {
+    replica.segment->allocator().Free(replica.offset, size);
+  }
+}
+
+void IndexShard::MarkWritesFenced(absl::string_view key, uint64_t grant) {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return;
+  for (Replica& replica : it->second.replicas) {
+    if (replica.grant == grant) replica.writes_fenced = true;
+  }
+}
+
+bool IndexShard::DropRefused(absl::string_view key, uint64_t grant) {
+  absl::MutexLock lock(&mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return false;
+  bool ours = std::any_of(it->second.replicas.begin(), it->second.replicas.end(),
+                          [grant](const Replica& replica) { return replica.grant == grant; });
+  if (ours) EraseLocked(it, /*free_space=*/true);
+  return ours;
+}
 
 ObjectView IndexShard::View(const Object& object) {
   return ObjectView{*object.key,  object.size,         object.put_id,  object.checksum,
@@ -53,7 +110,7 @@ absl::StatusOr<ObjectView> IndexShard::Reserve(
     std::optional<uint64_t> offset = segment->allocator().Allocate(request.size);
     if (!offset) continue;
     segment->AddReplicas(1);
-    replicas.push_back(Replica{segment, *offset});
+    replicas.push_back(Replica{segment, *offset, NewGrant()});
   }
   if (replicas.empty()) {
     return absl::ResourceExhaustedError(
@@ -64,6 +121,7 @@ absl::StatusOr<ObjectView> IndexShard::Reserve(
   object.key = &it->first;
   object.size = request.size;
   object.put_id = request.put_id;
+  object.owner = request.owner;
   object.pin = request.pin;
   object.put_deadline = request.put_deadline;
   object.replicas = std::move(replicas);
@@ -73,10 +131,12 @@ absl::StatusOr<ObjectView> IndexShard::Reserve(
 }
 
 absl::StatusOr<ObjectView> IndexShard::Commit(absl::string_view key, uint64_t put_id,
-                                              uint64_t checksum, absl::Time now) {
+                                              uint64_t checksum, absl::Time now,
+                                              absl::string_view caller) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   auto it = objects_.find(key);
-  if (it == objects_.end() || it->second.put_id != put_id) {
+  if (it == objects_.end() || it->second.put_id != put_id || it->second.owner != caller) {
     return absl::NotFoundError("no such reservation (revoked, expired or another writer's)");
   }
   Object& object = it->second;
@@ -93,10 +153,12 @@ absl::StatusOr<ObjectView> IndexShard::Commit(absl::string_view key, uint64_t pu
   return View(object);
 }
 
-absl::Status IndexShard::Revoke(absl::string_view key, uint64_t put_id) {
+absl::Status IndexShard::Revoke(absl::string_view key, uint64_t put_id,
+                               absl::string_view caller) {
   absl::MutexLock lock(&mu_);
   auto it = objects_.find(key);
-  if (it == objects_.end() || it->second.put_id != put_id || it->second.committed) {
+  if (it == objects_.end() || it->second.put_id != put_id || it->second.owner != caller ||
+      it->second.committed) {
     return absl::NotFoundError("no such reservation (committed, expired or another writer's)");
   }
   EraseLocked(it, /*free_space=*/true);
@@ -106,6 +168,7 @@ absl::Status IndexShard::Revoke(absl::string_view key, uint64_t put_id) {
 absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key, absl::Time now,
                                               absl::Duration lease) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   auto it = objects_.find(key);
   if (it == objects_.end() || !it->second.committed) {
     return absl::NotFoundError("object not found");
@@ -136,6 +199,7 @@ bool IndexShard::Exists(absl::string_view key, absl::Time now, absl::Duration le
 
 absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time now, bool force) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   auto it = objects_.find(key);
   if (it == objects_.end() || !it->second.committed) {
     return absl::NotFoundError("object not found");
@@ -156,6 +220,7 @@ absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time 
 std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force,
                                               const RE2* key_filter) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   std::vector<ObjectView> removed;
   for (auto it = objects_.begin(); it != objects_.end();) {
     if (it->second.committed && (force || !Held(it->second, now)) &&
@@ -192,6 +257,7 @@ std::optional<uint64_t> IndexShard::OldestEvictable(absl::Time now, bool soft_pi
 std::optional<ObjectView> IndexShard::EvictOldest(absl::Time now, bool soft_pinned_too,
                                                   size_t scan_limit) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   Object* object = OldestEvictableLocked(now, soft_pinned_too, scan_limit);
   if (object == nullptr) return std::nullopt;
   ObjectView view = View(*object);
@@ -201,15 +267,17 @@ std::optional<ObjectView> IndexShard::EvictOldest(absl::Time now, bool soft_pinn
 
 uint64_t IndexShard::ReclaimExpired(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   uint64_t reclaimed = 0;
   while (Object* oldest = pending_.front()) {
     if (oldest->put_deadline > now) break;
     EraseLocked(objects_.find(*oldest->key), /*free_space=*/true);
     ++reclaimed;
   }
-  std::erase_if(abandoned_, [now](const AbandonedCopy& copy) {
+  std::erase_if(abandoned_, [this, now](const AbandonedCopy& copy) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (copy.deadline > now) return false;
-    copy.destination.segment->allocator().Free(copy.destination.offset, copy.size);
+    ReleaseLocked(copy.destination, copy.size, "", copy.deadline,
+                  copy.deadline + kClockSlack > now);
     copy.destination.segment->AddReplicas(-1);
     return true;
   });
@@ -241,6 +309,7 @@ uint64_t IndexShard::DropRemovedReplicas() {
 
 uint64_t IndexShard::ReleaseReplicasOn(const MountedSegment& segment, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   uint64_t held = 0;
   for (auto it = objects_.begin(); it != objects_.end();) {
     Object& object = it->second;
@@ -254,7 +323,8 @@ uint64_t IndexShard::ReleaseReplicasOn(const MountedSegment& segment, absl::Time
     } else if (object.replicas.size() == 1) {
       EraseLocked(it++, /*free_space=*/true);
     } else {
-      on_segment->segment->allocator().Free(on_segment->offset, object.size);
+      ReleaseLocked(*on_segment, object.size, *object.key, GrantsEnd(object),
+                    TokensLive(object, *on_segment, now));
       on_segment->segment->AddReplicas(-1);
       object.replicas.erase(on_segment);
       ++it;
@@ -320,7 +390,10 @@ void IndexShard::EraseLocked(Map::iterator it, bool free_space) {
   for (const Replica& replica : object.replicas) {
     replica.segment->AddReplicas(-1);
     // Freeing into the allocator of a removed segment is harmless: nobody allocates there.
-    if (free_space) replica.segment->allocator().Free(replica.offset, object.size);
+    if (free_space) {
+      ReleaseLocked(replica, object.size, *object.key, GrantsEnd(object),
+                    TokensLive(object, replica, last_now_));
+    }
   }
   if (object.committed) {
     lru_.Unlink(&object);
@@ -371,7 +444,7 @@ void IndexShard::StartMigrations(const MountedSegment& from,
       }
       if (std::optional<uint64_t> offset = target->allocator().Allocate(object.size)) {
         target->AddReplicas(1);
-        destination = Replica{target, *offset};
+        destination = Replica{target, *offset, NewGrant()};
         break;
       }
     }
@@ -388,6 +461,7 @@ void IndexShard::StartMigrations(const MountedSegment& from,
 absl::StatusOr<FinishedMigration> IndexShard::FinishMigration(absl::string_view key, uint64_t id,
                                                               bool copied, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
   auto it = objects_.find(key);
   if (it == objects_.end() || !it->second.migration || it->second.migration->id != id) {
     return absl::NotFoundError(
@@ -405,7 +479,8 @@ absl::StatusOr<FinishedMigration> IndexShard::FinishMigration(absl::string_view 
   FinishedMigration finished{.destination = migration.destination};
   if (auto source = ReplicaOn(object.replicas, migration.source); source != object.replicas.end()) {
     finished.dropped_source = *source;
-    source->segment->allocator().Free(source->offset, object.size);
+    ReleaseLocked(*source, object.size, *object.key, GrantsEnd(object),
+                  TokensLive(object, *source, now));
     source->segment->AddReplicas(-1);
     object.replicas.erase(source);
   }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,7 +41,15 @@ enum class PinMode : uint8_t {
 struct Replica {
   std::shared_ptr<MountedSegment> segment;
   uint64_t offset = 0;
+  // Random, drawn when the range was handed out: every capability token for this replica
+  // carries it, and the segment refuses it once the master has ended it (ManifestSync).
+  uint64_t grant = 0;
+  // The segment has applied the commit's ADD: no write token of the grant is honoured any more.
+  bool writes_fenced = false;
 };
+
+// Draws a grant id (random, never 0).
+uint64_t NewGrant();
 
 // A copy of a committed object on its way from a draining segment to another one
 // (Master::MigrateStart); the mover's write token for `destination` expires at `deadline`.
@@ -54,8 +63,10 @@ struct Migration {
 struct Object {
   const std::string* key = nullptr;  // the map's own key (node_hash_map: stable)
   uint64_t size = 0;
-  // Reservation id from Reserve; Commit and Revoke must present it.
+  // Reservation id from Reserve (random); Commit and Revoke must present it, from the same
+  // caller (`owner`: the host the reservation was asked from).
   uint64_t put_id = 0;
+  std::string owner;
   // Of the whole value, computed by the writer (XXH3-64), 0 if none was given.
   uint64_t checksum = 0;
   bool committed = false;
@@ -91,6 +102,7 @@ struct ReserveRequest {
   uint64_t size = 0;
   uint32_t replica_num = 1;
   uint64_t put_id = 0;
+  std::string owner;
   PinMode pin = PinMode::kNone;
   absl::Time put_deadline;
 };
@@ -127,6 +139,16 @@ class IndexShard {
   // Copies of an object that fail this often are not tried again.
   static constexpr uint8_t kMaxFailedMigrations = 3;
 
+  // Gives a range back whose grant ended (`key` is the object's, empty for a copy that was
+  // never committed; no token of the grant is valid after `until`; `tokens_live`: some may
+  // still be honoured now). The master's releaser ends the grant on the segment and, while
+  // tokens may be live, frees the range only once the segment has applied that; without a
+  // releaser the range is freed at once. Called with the shard lock held.
+  using Releaser = std::function<void(const Replica& replica, uint64_t size,
+                                      const std::string& key, absl::Time until,
+                                      bool tokens_live)>;
+  void SetReleaser(Releaser releaser) { releaser_ = std::move(releaser); }
+
   // Reserves `replica_num` ranges on distinct segments, trying `segments` in the given
   // order (fewer replicas if fewer segments have room; at least one). AlreadyExists if the
   // key is committed or being written; ResourceExhausted if no segment has room.
@@ -136,11 +158,22 @@ class IndexShard {
 
   // Makes a reservation visible and returns it. NotFound unless `key` is reserved with
   // `put_id`; a retried commit of the same reservation is OK.
+  // `caller` must be the reservation's owner.
   absl::StatusOr<ObjectView> Commit(absl::string_view key, uint64_t put_id, uint64_t checksum,
-                                    absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+                                    absl::Time now, absl::string_view caller = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The segment holding `key`'s replica of `grant` has applied its commit (writes ended).
+  void MarkWritesFenced(absl::string_view key, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The segment holding `key`'s replica of `grant` refused its commit (the range does not
+  // hold the bytes of the checksum): the object is dropped and its space freed (after the
+  // segment applies the FORGET). False if `key` no longer has a replica of `grant`.
+  bool DropRefused(absl::string_view key, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees a reservation. NotFound unless `key` is reserved (not committed) with `put_id`.
-  absl::Status Revoke(absl::string_view key, uint64_t put_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Revoke(absl::string_view key, uint64_t put_id, absl::string_view caller = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A committed object with its live replicas; grants (extends) a lease until now + `lease`
   // and counts as an access. NotFound if absent, not yet committed, or every replica lives
@@ -234,6 +267,14 @@ class IndexShard {
   // Drops an object's copy in progress. Its space is given back only once its deadline has
   // passed (ReclaimExpired): until then a mover may still write there.
   void AbandonMigrationLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(const Replica& replica, uint64_t size, const std::string& key,
+                     absl::Time until, bool tokens_live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a token of the object's replica may still be honoured by its segment.
+  static bool TokensLive(const Object& object, const Replica& replica, absl::Time now);
+  // The latest `now` a caller gave the shard (for decisions made without one).
+  absl::Time last_now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  Releaser releaser_;
 
   mutable absl::Mutex mu_;
   Map objects_ ABSL_GUARDED_BY(mu_);

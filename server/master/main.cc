@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, embedded_segment_shm_socket, "auto",
           "(/tmp/kvpool-segment-PORT.sock), or none");
 ABSL_FLAG(std::string, embedded_segment_shm_uids, "",
           "Who may map the embedded pool: empty (this process's uid and root), any, or uids");
+ABSL_FLAG(std::string, embedded_segment_shm_group, "",
+          "A group (name or gid) whose members may reach the embedded pool's socket and map it; "
+          "empty: none");
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name clients dial for the embedded segment (default: its listen host, or this "
           "machine's name when listening on a wildcard address)");
@@ -74,6 +77,11 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
       !uids.ok()) {
     return uids;
   }
+  if (absl::Status group = kvpool::segment::ParseAdmittedGroup(
+          absl::GetFlag(FLAGS_embedded_segment_shm_group), &options.shm_admission);
+      !group.ok()) {
+    return group;
+  }
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> segment =
       kvpool::segment::Segment::Start(std::move(options));
   if (!segment.ok()) return segment.status();
@@ -87,6 +95,10 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   info.incarnation = (*segment)->incarnation();
   info.token_secret = (*segment)->token_secret();
   info.embedded = true;
+  kvpool::segment::Segment* embedded = segment->get();
+  info.end_grant = [embedded](uint64_t grant, bool writes_only, absl::Time until) {
+    embedded->EndGrant(grant, writes_only, until);
+  };
   if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;
   return segment;
 }
@@ -143,9 +155,14 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
+  // gRPC sets SO_REUSEPORT by default: a second master on a taken port would then start and
+  // take half of the clients. Without it, the bind fails and so does start-up.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", listen)));
+    return Fail(absl::UnavailableError(absl::StrCat(
+        "cannot listen for gRPC on ", listen,
+        " (address in use by another process, or not an address of this host)")));
   }
 
   kvpool::HttpServer http;

@@ -9,40 +9,75 @@ void ManifestSync::Track(SegmentId segment) {
   queues_.try_emplace(segment);
 }
 
+void ManifestSync::TrackLocal(SegmentId segment, std::function<void(const ManifestRecord&)> apply) {
+  absl::MutexLock lock(&mu_);
+  queues_[segment].local = std::move(apply);
+}
+
 void ManifestSync::Untrack(SegmentId segment) {
   std::function<void()> poll;
-  std::vector<std::function<void(bool)>> done;
+  std::vector<std::pair<std::function<void(bool)>, bool>> done;
+  std::deque<std::pair<uint64_t, std::function<void()>>> after;
   {
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(segment);
     if (it == queues_.end()) return;
     poll = std::move(it->second.poll);
+    after = std::move(it->second.after_applied);
     queues_.erase(it);
-    done = ReleaseLocked(segment, std::numeric_limits<uint64_t>::max());
+    done = ReleaseLocked(segment, std::numeric_limits<uint64_t>::max(), /*gone=*/true);
   }
   if (poll) poll();
-  for (auto& callback : done) callback(true);
+  for (auto& [seq, then] : after) then();
+  for (auto& [callback, ok] : done) callback(ok);
 }
 
 void ManifestSync::Append(SegmentId segment, ManifestRecord record, Ticket* ticket) {
+  AppendThen(segment, std::move(record), nullptr);
+  if (ticket != nullptr) Barrier(segment, ticket);
+}
+
+void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record,
+                              std::function<void()> then, std::function<void()> refused) {
   std::function<void()> poll;
+  std::function<void(const ManifestRecord&)> local;
+  bool queued = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(segment);
-    if (it == queues_.end()) return;
-    Queue& queue = it->second;
-    uint64_t seq = queue.next_seq++;
-    queue.records.push_back(std::move(record));
-    if (ticket != nullptr) ticket->waits.emplace_back(segment, seq);
-    poll = std::move(queue.poll);
-    queue.poll = nullptr;
+    if (it != queues_.end() && it->second.local) {
+      local = it->second.local;
+    } else if (it != queues_.end()) {
+      queued = true;
+      Queue& queue = it->second;
+      uint64_t seq = queue.next_seq++;
+      queue.records.push_back(std::move(record));
+      if (then) queue.after_applied.emplace_back(seq, std::move(then));
+      if (refused) queue.if_refused.emplace(seq, std::move(refused));
+      poll = std::move(queue.poll);
+      queue.poll = nullptr;
+    }
   }
+  if (local) local(record);
   if (poll) poll();
+  if (!queued && then) then();
 }
 
-ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t max_records) {
+void ManifestSync::Barrier(SegmentId segment, Ticket* ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = queues_.find(segment);
+  if (it == queues_.end() || it->second.local) return;
+  if (it->second.next_seq - 1 > it->second.acked) {
+    ticket->waits.emplace_back(segment, it->second.next_seq - 1);
+  }
+}
+
+ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t max_records,
+                                       absl::Span<const uint64_t> refused) {
   Batch batch;
-  std::vector<std::function<void(bool)>> done;
+  std::vector<std::pair<std::function<void(bool)>, bool>> done;
+  std::vector<std::function<void()>> after;
+  std::vector<std::function<void()>> refusals;
   {
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(segment);
@@ -51,17 +86,31 @@ ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t
     // A segment cannot have applied what was never sent (e.g. numbers from a previous
     // master): clamp, so nothing is skipped.
     acked = std::min(acked, queue.next_seq - 1);
+    for (uint64_t seq : refused) {
+      if (seq <= queue.acked || seq > acked) continue;  // not newly acknowledged
+      if (auto it = queue.if_refused.find(seq); it != queue.if_refused.end()) {
+        refusals.push_back(std::move(it->second));
+        queue.if_refused.erase(it);
+      }
+    }
     while (queue.acked < acked) {
       queue.records.pop_front();
       ++queue.acked;
+      queue.if_refused.erase(queue.acked);
     }
     done = ReleaseLocked(segment, queue.acked);
+    while (!queue.after_applied.empty() && queue.after_applied.front().first <= queue.acked) {
+      after.push_back(std::move(queue.after_applied.front().second));
+      queue.after_applied.pop_front();
+    }
     size_t n = std::min(max_records, queue.records.size());
     batch.records.assign(queue.records.begin(), queue.records.begin() + n);
     batch.last_seq = queue.acked + n;
     batch.more = n < queue.records.size();
   }
-  for (auto& callback : done) callback(true);
+  for (auto& refusal : refusals) refusal();
+  for (auto& then : after) then();
+  for (auto& [callback, ok] : done) callback(ok);
   return batch;
 }
 
@@ -90,7 +139,7 @@ void ManifestSync::Wait(Ticket ticket, absl::Time deadline, std::function<void(b
     auto waiter = std::make_unique<Waiter>();
     for (const auto& [segment, seq] : ticket.waits) {
       auto it = queues_.find(segment);
-      if (it == queues_.end() || it->second.acked >= seq) continue;
+      if (it == queues_.end() || it->second.local || it->second.acked >= seq) continue;
       uint64_t& needed = waiter->remaining[segment];
       needed = std::max(needed, seq);
     }
@@ -145,17 +194,18 @@ void ManifestSync::Close() {
   for (auto& done : waiting) done(false);
 }
 
-std::vector<std::function<void(bool)>> ManifestSync::ReleaseLocked(SegmentId segment,
-                                                                   uint64_t applied) {
-  std::vector<std::function<void(bool)>> done;
+std::vector<std::pair<std::function<void(bool)>, bool>> ManifestSync::ReleaseLocked(
+    SegmentId segment, uint64_t applied, bool gone) {
+  std::vector<std::pair<std::function<void(bool)>, bool>> done;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     Waiter& waiter = **it;
     auto needed = waiter.remaining.find(segment);
     if (needed != waiter.remaining.end() && needed->second <= applied) {
       waiter.remaining.erase(needed);
+      if (gone) waiter.failed = true;
     }
     if (waiter.remaining.empty()) {
-      done.push_back(std::move(waiter.done));
+      done.emplace_back(std::move(waiter.done), !waiter.failed);
       it = waiters_.erase(it);
     } else {
       ++it;

@@ -10,8 +10,14 @@
 // BatchPutEnd and BatchRemove wait (Wait) until the segments have applied their records
 // before answering, so an object a client saw committed survives a master restart.
 //
-// Embedded segments keep no manifest (they die with the master): appends to segments that
-// were never Track()ed are no-ops. Thread-safe; callbacks run without the lock held.
+// Records also fence grants (docs/semantics.md): ADD ends the writes of its replica's grant,
+// FORGET ends the grant altogether. A range whose grant ends is given back to the allocator
+// only once the segment has applied the FORGET (AppendThen), so a range is never handed out
+// again while a late or paused writer of its old grant could still land bytes in it.
+//
+// Embedded segments keep no manifest (they die with the master): they are tracked as local
+// (TrackLocal), and each record is applied to them at once, in the master's process. Appends
+// to segments never tracked are no-ops. Thread-safe; callbacks run without the lock held.
 
 #include <cstdint>
 #include <deque>
@@ -22,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "server/master/index_shard.h"
 #include "server/master/segment_registry.h"
@@ -36,6 +43,10 @@ struct ManifestRecord {
   uint64_t size = 0;
   uint64_t checksum = 0;
   PinMode pin = PinMode::kNone;
+  // The replica's grant (capability tokens carry it), and the latest expiry of any token
+  // minted for it: the segment remembers the ended grant until then.
+  uint64_t grant = 0;
+  absl::Time until = absl::InfinitePast();
 };
 
 class ManifestSync {
@@ -55,15 +66,29 @@ class ManifestSync {
   };
 
   void Track(SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
-  // The segment is gone: its queue is dropped, its poll answered, its waiters released.
+  // A segment in this process: each record is handed to `apply` as it is appended.
+  void TrackLocal(SegmentId segment, std::function<void(const ManifestRecord&)> apply)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The segment is gone: its queue is dropped, its poll answered, its AppendThen callbacks
+  // run, and the waiters on it released as not durable (done(false)).
   void Untrack(SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues a record for a tracked segment and adds it to `ticket` (if given).
   void Append(SegmentId segment, ManifestRecord record, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues a record and runs `then` once the segment has applied it (or is gone; at once for
+  // a local or untracked segment). `then` may run on the caller's thread.
+  // `refused` (if given) runs instead of nothing when the segment reports that it refused
+  // the record (an ADD whose range does not hold the bytes of its checksum), before `then`
+  // and before the waiters on the record are released.
+  void AppendThen(SegmentId segment, ManifestRecord record, std::function<void()> then,
+                  std::function<void()> refused = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds to `ticket` everything queued for the segment so far.
+  void Barrier(SegmentId segment, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Acknowledges every record up to `acked` (releasing waiters) and returns up to
-  // `max_records` records after it.
-  Batch Sync(SegmentId segment, uint64_t acked, size_t max_records) ABSL_LOCKS_EXCLUDED(mu_);
+  // Acknowledges every record up to `acked` (releasing waiters; those in `refused` were
+  // refused by the segment, see AppendThen) and returns up to `max_records` records after it.
+  Batch Sync(SegmentId segment, uint64_t acked, size_t max_records,
+             absl::Span<const uint64_t> refused = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Parks a heartbeat poll: `ready` runs once, when a record is appended for the segment,
   // the segment is untracked, or `deadline` passes (Tick). A newer poll replaces (and
@@ -71,8 +96,8 @@ class ManifestSync {
   void Poll(SegmentId segment, absl::Time deadline, std::function<void()> ready)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Runs `done(true)` once every record of the ticket is applied (or its segment is gone),
-  // or `done(false)` at `deadline` (Tick). Runs at once if there is nothing to wait for.
+  // Runs `done(true)` once every record of the ticket is applied, or `done(false)` at
+  // `deadline` (Tick) or when a segment of the ticket goes away first. Runs at once if there is nothing to wait for.
   void Wait(Ticket ticket, absl::Time deadline, std::function<void(bool)> done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -88,6 +113,7 @@ class ManifestSync {
     absl::flat_hash_map<SegmentId, uint64_t> remaining;
     absl::Time deadline;
     std::function<void(bool)> done;
+    bool failed = false;
   };
   struct Queue {
     uint64_t next_seq = 1;
@@ -95,10 +121,19 @@ class ManifestSync {
     std::deque<ManifestRecord> records;  // seq acked+1 ...
     std::function<void()> poll;
     absl::Time poll_deadline;
+    // Run once the record of that sequence number is applied.
+    std::deque<std::pair<uint64_t, std::function<void()>>> after_applied;
+    // Run if the segment refuses the record of that sequence number.
+    absl::flat_hash_map<uint64_t, std::function<void()>> if_refused;
+    // Set for a local segment.
+    std::function<void(const ManifestRecord&)> local;
   };
 
   // Removes the waiters `segment` no longer holds up and returns those now complete.
-  std::vector<std::function<void(bool)>> ReleaseLocked(SegmentId segment, uint64_t applied)
+  // `gone`: the segment went away, so whoever waited on it failed.
+  std::vector<std::pair<std::function<void(bool)>, bool>> ReleaseLocked(SegmentId segment,
+                                                                        uint64_t applied,
+                                                                        bool gone = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;

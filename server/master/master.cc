@@ -25,7 +25,33 @@ uint64_t RandomSeed() {
 }  // namespace
 
 Master::Master(MasterOptions options)
-    : options_(std::move(options)), next_put_id_(RandomSeed() | 1) {}
+    : options_(std::move(options)), next_put_id_(RandomSeed() | 1) {
+  // A range whose grant ended is freed only once its segment has applied the end (a FORGET
+  // record): until then a late writer of the old grant could still land bytes in it.
+  for (IndexShard& shard : shards_) {
+    shard.SetReleaser([this](const Replica& replica, uint64_t size, const std::string& key,
+                             absl::Time until, bool tokens_live) {
+      ManifestRecord forget{.kind = ManifestRecord::Kind::kForget,
+                            .key = key,
+                            .offset = replica.offset,
+                            .size = size,
+                            .grant = replica.grant,
+                            .until = until};
+      if (!tokens_live) {
+        // No token of the grant can be honoured any more (lease over, writes fenced or
+        // expired): the range can be reused at once; the FORGET is for the manifest.
+        manifest_sync_.Append(replica.segment->id(), std::move(forget), nullptr);
+        replica.segment->allocator().Free(replica.offset, size);
+        return;
+      }
+      manifest_sync_.AppendThen(
+          replica.segment->id(), std::move(forget),
+          [segment = replica.segment, offset = replica.offset, size] {
+            segment->allocator().Free(offset, size);
+          });
+    });
+  }
+}
 
 IndexShard& Master::ShardFor(absl::string_view key) {
   return shards_[absl::HashOf(key) % kNumShards];
@@ -50,7 +76,8 @@ PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire:
   placement.incarnation = info.incarnation;
   placement.offset = replica.offset;
   placement.length = size;
-  placement.token = wire::MintToken(info.token_secret, opcode, replica.offset, size, expiry);
+  placement.token =
+      wire::MintToken(info.token_secret, opcode, replica.offset, size, expiry, replica.grant);
   return placement;
 }
 
@@ -62,13 +89,23 @@ absl::Status Master::MountSegment(SegmentInfo info) {
       segments_.Mount(std::move(info), options_.clock());
   if (!mounted.ok()) return mounted.status();
   if (mounted->replaced) {
-    KVPOOL_LOG(WARNING) << "segment " << name << " restarted; dropping the replicas it held";
+    KVPOOL_LOG(WARNING) << "segment " << name
+                        << " restarted or mounted afresh; dropping the replicas it held (it "
+                           "reports the committed ones again)";
     manifest_sync_.Untrack(*mounted->replaced);
     DropRemovedReplicas();
   }
   if (!mounted->already_mounted) {
     const MountedSegment& segment = *mounted->segment;
-    if (!segment.info().embedded) manifest_sync_.Track(segment.id());
+    if (!segment.info().embedded) {
+      manifest_sync_.Track(segment.id());
+    } else if (segment.info().end_grant) {
+      manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant](
+                                                  const ManifestRecord& record) {
+        end(record.grant, /*writes_only=*/record.kind == ManifestRecord::Kind::kAdd,
+            record.until);
+      });
+    }
     KVPOOL_LOG(INFO) << "mounted segment " << name << " (" << segment.allocator().capacity()
                      << " bytes at " << segment.info().endpoint << ")"
                      << (segment.restoring() ? ", restoring its manifest" : "");
@@ -83,13 +120,25 @@ absl::StatusOr<std::vector<std::string>> Master::RestoreManifest(
     return absl::NotFoundError(absl::StrCat("segment ", name, " is not mounted"));
   }
   std::vector<std::string> refused;
+  const uint64_t capacity = segment->allocator().capacity();
   for (const ManifestRecord& record : records) {
+    // What a segment reports is checked like anything else from a socket: a sane size, a
+    // range inside its pool, a valid key.
+    bool sane = record.kind == ManifestRecord::Kind::kAdd && record.size > 0 &&
+                record.size <= capacity && record.offset <= capacity - record.size &&
+                record.offset % RangeAllocator::kAlignment == 0 && ValidateKey(record.key).ok();
     absl::Status restored =
-        record.size == 0 || ValidateKey(record.key).ok()
-            ? ShardFor(record.key).Restore(record.key, record.size, record.checksum, record.pin,
-                                           Replica{segment, record.offset})
-            : absl::InvalidArgumentError("bad key");
-    if (!restored.ok()) refused.push_back(record.key);
+        sane ? ShardFor(record.key).Restore(record.key, record.size, record.checksum, record.pin,
+                                            Replica{segment, record.offset, NewGrant()})
+             : absl::InvalidArgumentError("bad manifest record");
+    if (!restored.ok()) {
+      if (!sane) {
+        KVPOOL_LOG(WARNING) << "segment " << name << " reported a bad manifest record (key of "
+                            << record.key.size() << " bytes, [" << record.offset << ", +"
+                            << record.size << ") in a pool of " << capacity << "); refused";
+      }
+      refused.push_back(record.key);
+    }
   }
   return refused;
 }
@@ -203,13 +252,12 @@ Durable<absl::Status> Master::MigrateEnd(absl::Span<const MigrationRef> refs) {
     manifest_sync_.Append(finished->destination.segment->id(),
                           ManifestRecord{ManifestRecord::Kind::kAdd, ref.key,
                                          finished->destination.offset, object.size,
-                                         object.checksum, object.pin},
+                                         object.checksum, object.pin,
+                                         finished->destination.grant, now + options_.put_timeout},
                           &durable.ticket);
     if (const std::optional<Replica>& source = finished->dropped_source) {
-      manifest_sync_.Append(source->segment->id(),
-                            ManifestRecord{ManifestRecord::Kind::kForget, ref.key, source->offset,
-                                           object.size},
-                            &durable.ticket);
+      // The shard's releaser queued its FORGET; wait for it too.
+      manifest_sync_.Barrier(source->segment->id(), &durable.ticket);
       if (source->segment->mover_active(now)) {
         source->segment->SetMoverDeadline(now + options_.put_timeout);
       }
@@ -271,6 +319,7 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
   ReserveRequest request;
   request.replica_num = std::max<uint32_t>(options.replica_num, 1);
   request.pin = options.pin;
+  request.owner = options.owner;
   request.put_deadline = now + options_.put_timeout;
 
   // Free space per segment, estimated once per batch and kept up to date as keys land, so
@@ -336,7 +385,9 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       continue;
     }
     request.size = sizes[i];
-    request.put_id = next_put_id_.fetch_add(1);
+    // Unpredictable (CSPRNG), so nobody can commit or revoke another client's reservation by
+    // guessing its id.
+    request.put_id = NewGrant();
     // Step P1: reserve space on distinct segments, evicting once if there is none.
     absl::StatusOr<ObjectView> reserved = reserve(keys[i]);
     if (reserved.status().code() == absl::StatusCode::kResourceExhausted) {
@@ -371,7 +422,8 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
   Durable<absl::Status> durable;
   durable.results.reserve(puts.size());
   absl::Time now = options_.clock();
-  for (const PutRef& put : puts) {
+  for (size_t index = 0; index < puts.size(); ++index) {
+    const PutRef& put = puts[index];
     absl::Status valid = ValidateKey(put.key);
     if (!valid.ok()) {
       durable.results.push_back(valid);
@@ -379,14 +431,39 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
     }
     // Step P3: the object becomes visible, and goes into its segments' manifests.
     absl::StatusOr<ObjectView> committed =
-        ShardFor(put.key).Commit(put.key, put.put_id, put.checksum, now);
+        ShardFor(put.key).Commit(put.key, put.put_id, put.checksum, now, put.caller);
     durable.results.push_back(committed.status());
     if (!committed.ok()) continue;
+    // The ADD also ends the replica's write grant at the segment: a write after the commit
+    // is refused. No write token outlives now + put_timeout.
+    // Once applied, the replica's range can be reused at once when the object goes (no
+    // write token of it is honoured any more).
     for (const Replica& replica : committed->replicas) {
-      manifest_sync_.Append(replica.segment->id(),
-                            ManifestRecord{ManifestRecord::Kind::kAdd, put.key, replica.offset,
-                                           committed->size, committed->checksum, committed->pin},
-                            &durable.ticket);
+      manifest_sync_.AppendThen(
+          replica.segment->id(),
+          ManifestRecord{ManifestRecord::Kind::kAdd, put.key, replica.offset, committed->size,
+                         committed->checksum, committed->pin, replica.grant,
+                         now + options_.put_timeout},
+          [this, key = put.key, grant = replica.grant] {
+            ShardFor(key).MarkWritesFenced(key, grant);
+          },
+          // The segment found other bytes in the range than those of the checksum (never, or
+          // wrongly, written): the commit fails and the object goes; the FORGET that frees the
+          // range also ends the grant for reads.
+          [this, key = put.key, grant = replica.grant, index, refusals = durable.refusals,
+           segment = replica.segment->info().name] {
+            if (!ShardFor(key).DropRefused(key, grant)) return;
+            KVPOOL_LOG(WARNING) << "segment " << segment << " refused the commit of " << key
+                                << ": its range does not hold the bytes of the checksum";
+            absl::MutexLock lock(&refusals->mu);
+            refusals->by_index[index] = ErrorStatus(
+                v1::CHECKSUM_MISMATCH,
+                absl::StrCat("segment ", segment,
+                             " refused the commit: the bytes in the reserved range do not match "
+                             "the checksum given (never, partly or wrongly written); nothing was "
+                             "committed, put again"));
+          });
+      manifest_sync_.Barrier(replica.segment->id(), &durable.ticket);
     }
   }
   return durable;
@@ -397,7 +474,8 @@ std::vector<absl::Status> Master::BatchPutRevoke(absl::Span<const PutRef> puts) 
   results.reserve(puts.size());
   for (const PutRef& put : puts) {
     absl::Status valid = ValidateKey(put.key);
-    results.push_back(valid.ok() ? ShardFor(put.key).Revoke(put.key, put.put_id) : valid);
+    results.push_back(valid.ok() ? ShardFor(put.key).Revoke(put.key, put.put_id, put.caller)
+                                 : valid);
   }
   return results;
 }
@@ -442,12 +520,11 @@ std::vector<absl::StatusOr<bool>> Master::BatchExist(absl::Span<const std::strin
 }
 
 void Master::ForgetOnSegments(absl::Span<const ObjectView> removed, ManifestSync::Ticket* ticket) {
+  // The shard's releaser queued the FORGET records when it erased the objects.
+  if (ticket == nullptr) return;
   for (const ObjectView& object : removed) {
     for (const Replica& replica : object.replicas) {
-      manifest_sync_.Append(
-          replica.segment->id(),
-          ManifestRecord{ManifestRecord::Kind::kForget, object.key, replica.offset, object.size},
-          ticket);
+      manifest_sync_.Barrier(replica.segment->id(), ticket);
     }
   }
 }

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/frame.h"
@@ -68,6 +70,9 @@ struct PutStartOptions {
   // asks).
   std::string preferred_host;
   std::string preferred_machine_id;
+  // Who asks (the caller's host as the gRPC peer shows it): only the same caller may commit
+  // or revoke the reservation.
+  std::string owner;
 };
 
 struct PutStartResult {
@@ -81,6 +86,8 @@ struct PutRef {
   std::string key;
   uint64_t put_id = 0;
   uint64_t checksum = 0;
+  // The caller (see PutStartOptions::owner).
+  std::string caller;
 };
 
 struct GetResult {
@@ -95,10 +102,18 @@ struct GetResult {
 
 // Results of a batch that changes objects, and the manifest records to wait for before
 // answering (see ManifestSync): empty when nothing needs to reach a segment.
+// Keys of a batch whose commit a segment refused (see ManifestSync::AppendThen), by index in
+// the batch, with the result to answer instead. Filled before the batch's ticket is released.
+struct Refusals {
+  absl::Mutex mu;
+  absl::flat_hash_map<size_t, absl::Status> by_index ABSL_GUARDED_BY(mu);
+};
+
 template <typename T>
 struct Durable {
   std::vector<T> results;
   ManifestSync::Ticket ticket;
+  std::shared_ptr<Refusals> refusals = std::make_shared<Refusals>();
 };
 
 // One copy a mover makes of a draining segment's object: read `source`, check the checksum,

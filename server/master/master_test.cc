@@ -1,5 +1,9 @@
 #include "server/master/master.h"
 
+#include <limits>
+#include <map>
+#include <optional>
+
 #include "gtest/gtest.h"
 #include "proto/capability.h"
 #include "proto/error_codes.h"
@@ -26,8 +30,23 @@ class MasterTest : public ::testing::Test {
     info.endpoint = name + ":1";
     info.size = size;
     info.incarnation = incarnation;
-    info.token_secret = secrets_[name] = wire::NewCapabilitySecret();
+    // The same process mounting again keeps its secret (a new one is a new term).
+    if (incarnations_[name] != incarnation || !secrets_.contains(name)) {
+      secrets_[name] = wire::NewCapabilitySecret();
+    }
+    incarnations_[name] = incarnation;
+    info.token_secret = secrets_[name];
     return info;
+  }
+
+  // Every mounted segment applies every manifest record queued for it (what its heartbeat
+  // long poll does): ended grants are acknowledged and their ranges given back.
+  void Applied() {
+    for (const auto& [name, incarnation] : incarnations_) {
+      if (std::optional<SegmentId> id = master_.Heartbeat(name, incarnation).segment) {
+        master_.manifest_sync().Sync(*id, std::numeric_limits<uint64_t>::max(), 0);
+      }
+    }
   }
 
   PutStartResult PutStart(const std::string& key, uint64_t size, uint32_t replicas = 1,
@@ -39,7 +58,9 @@ class MasterTest : public ::testing::Test {
   }
 
   absl::Status Commit(const std::string& key, uint64_t put_id) {
-    return master_.BatchPutEnd({PutRef{key, put_id}}).results[0];
+    absl::Status status = master_.BatchPutEnd({PutRef{key, put_id}}).results[0];
+    Applied();
+    return status;
   }
 
   absl::Status Put(const std::string& key, uint64_t size, PinMode pin = PinMode::kNone) {
@@ -56,6 +77,7 @@ class MasterTest : public ::testing::Test {
 
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   std::map<std::string, std::string> secrets_;
+  std::map<std::string, uint64_t> incarnations_;
   Master master_;
 };
 
@@ -107,6 +129,9 @@ TEST_F(MasterTest, CommitAndRevokeNeedTheReservationsPutId) {
   EXPECT_EQ(master_.BatchPutRevoke({PutRef{"k", started.put_id + 1}})[0].code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"k", started.put_id}})[0].ok());
+  // The write token is still alive: the range waits until the segment ends the grant.
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 128u);
+  Applied();
   EXPECT_EQ(master_.GetClusterSummary().used_bytes, 0u);
   EXPECT_EQ(Commit("k", started.put_id).code(),
             absl::StatusCode::kNotFound);
@@ -178,6 +203,7 @@ TEST_F(MasterTest, RemoveFreesSpaceAndRemoveAllLeavesReservations) {
   EXPECT_EQ(Remove("x").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Remove("z").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(master_.RemoveAll(false).results[0], 1u);
+  Applied();
   ClusterSummary summary = master_.GetClusterSummary();
   EXPECT_EQ(summary.objects, 0u);
   EXPECT_EQ(summary.pending_objects, 1u);
@@ -253,6 +279,14 @@ TEST_F(MasterTest, MalformedMountsAreRefused) {
   SegmentInfo no_secret = Segment("a", 1 << 20);
   no_secret.token_secret.clear();
   EXPECT_EQ(master_.MountSegment(no_secret).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo huge = Segment("a", ~uint64_t{0});
+  EXPECT_EQ(master_.MountSegment(huge).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo bad_endpoint = Segment("a", 1 << 20);
+  bad_endpoint.endpoint = "no-port";
+  EXPECT_EQ(master_.MountSegment(bad_endpoint).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo long_name = Segment(std::string(5000, 'n'), 1 << 20);
+  EXPECT_EQ(master_.MountSegment(long_name).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(master_.GetClusterSummary().segments.empty());
 }
 
 // --- Leases, pins, eviction, reclaim (issue: store semantics) ---
@@ -606,6 +640,51 @@ TEST_F(MasterTest, ManifestRecordsCommitsAndForgetsAndRebuildsTheIndex) {
   EXPECT_EQ(batch.records[0].kind, ManifestRecord::Kind::kForget);
 }
 
+TEST_F(MasterTest, ACommitTheSegmentRefusesFailsAndFreesItsRange) {
+  SegmentInfo info = Segment("a", 1 << 20);
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  auto id = master_.Heartbeat("a", 1).segment;
+  ASSERT_TRUE(id.has_value());
+  PutStartResult bad = PutStart("bad", 1000);
+  PutStartResult good = PutStart("good", 1000);
+  Durable<absl::Status> ended = master_.BatchPutEnd(
+      {PutRef{"bad", bad.put_id, 0xabc}, PutRef{"good", good.put_id, 0xdef}});
+  ASSERT_TRUE(ended.results[0].ok() && ended.results[1].ok());
+  bool durable = false;
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Seconds(1), [&](bool ok) {
+    durable = ok;
+    // The refusal is known before the waiters are released.
+    absl::MutexLock lock(&ended.refusals->mu);
+    EXPECT_EQ(ended.refusals->by_index.size(), 1u);
+  });
+  ManifestSync::Batch batch = master_.manifest_sync().Sync(*id, 0, 100);
+  ASSERT_EQ(batch.records.size(), 2u);
+  // The segment applied the second ADD and refused the first.
+  uint64_t refused_seq = batch.last_seq - 1;
+  batch = master_.manifest_sync().Sync(*id, batch.last_seq, 100, {refused_seq});
+  EXPECT_TRUE(durable);
+  {
+    absl::MutexLock lock(&ended.refusals->mu);
+    ASSERT_EQ(ended.refusals->by_index.count(0), 1u);
+    EXPECT_EQ(ToErrorCode(ended.refusals->by_index[0]), v1::CHECKSUM_MISMATCH);
+    EXPECT_EQ(ended.refusals->by_index.count(1), 0u);
+  }
+  EXPECT_EQ(master_.BatchGetReplicaList({"bad"})[0].status.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(master_.BatchGetReplicaList({"good"})[0].status.ok());
+  // The FORGET that ends the refused grant (reads too) frees the range once applied; it was
+  // queued by the refusal, so the next heartbeat fetches it.
+  batch = master_.manifest_sync().Sync(*id, batch.last_seq, 100);
+  ASSERT_EQ(batch.records.size(), 1u);
+  EXPECT_EQ(batch.records[0].kind, ManifestRecord::Kind::kForget);
+  EXPECT_EQ(batch.records[0].key, "bad");
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 2048u);
+  master_.manifest_sync().Sync(*id, batch.last_seq, 100);
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 1024u);
+  // A refusal reported again (a retried heartbeat) changes nothing.
+  master_.manifest_sync().Sync(*id, batch.last_seq, 100, {refused_seq});
+  EXPECT_TRUE(master_.BatchGetReplicaList({"good"})[0].status.ok());
+}
+
 TEST_F(MasterTest, ClosingManifestSyncAnswersParkedPollsAndWaiters) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   SegmentId id = *master_.Heartbeat("a", 1).segment;
@@ -637,6 +716,116 @@ TEST_F(MasterTest, EmbeddedSegmentsKeepNoManifest) {
   ASSERT_TRUE(master_.MountSegment(info).ok());
   PutStartResult started = PutStart("k", 10);
   EXPECT_TRUE(master_.BatchPutEnd({PutRef{"k", started.put_id}}).ticket.empty());
+}
+
+}  // namespace
+}  // namespace kvpool::master
+
+namespace kvpool::master {
+namespace {
+
+class GrantFenceTest : public ::testing::Test {
+ protected:
+  GrantFenceTest() {
+    SegmentInfo info;
+    info.name = "a";
+    info.host = "h";
+    info.endpoint = "a:1";
+    info.size = 1 << 20;
+    info.incarnation = 1;
+    info.token_secret = wire::NewCapabilitySecret();
+    EXPECT_TRUE(master_.MountSegment(info).ok());
+    id_ = *master_.Heartbeat("a", 1).segment;
+  }
+  PutStartResult Start(const std::string& key, const std::string& owner = "") {
+    std::vector<std::string> keys = {key};
+    std::vector<uint64_t> sizes = {4096};
+    return master_.BatchPutStart(keys, sizes, {.owner = owner}).value()[0];
+  }
+  // What the segment is told, applied and acknowledged.
+  std::vector<ManifestRecord> Apply() {
+    ManifestSync::Batch batch = master_.manifest_sync().Sync(id_, 0, 1000);
+    master_.manifest_sync().Sync(id_, batch.last_seq, 0);
+    return batch.records;
+  }
+
+  Master master_;
+  SegmentId id_ = 0;
+};
+
+TEST_F(GrantFenceTest, ARevokedRangeIsReusedOnlyOnceTheSegmentEndedItsGrant) {
+  PutStartResult first = Start("first");
+  ASSERT_TRUE(first.status.ok());
+  ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"first", first.put_id}})[0].ok());
+  // Its write token could still land bytes: the range is not handed out yet.
+  PutStartResult second = Start("second");
+  EXPECT_NE(second.placements[0].offset, first.placements[0].offset);
+  std::vector<ManifestRecord> told = Apply();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].kind, ManifestRecord::Kind::kForget);
+  EXPECT_EQ(told[0].grant, wire::TokenGrant(first.placements[0].token));
+  EXPECT_NE(told[0].grant, wire::TokenGrant(second.placements[0].token));
+  PutStartResult third = Start("third");
+  EXPECT_EQ(third.placements[0].offset, first.placements[0].offset);
+}
+
+TEST_F(GrantFenceTest, ACommitEndsTheWriteGrantAndIsDurableOnlyWhenApplied) {
+  PutStartResult put = Start("k");
+  Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", put.put_id}});
+  ASSERT_TRUE(ended.results[0].ok());
+  std::optional<bool> durable;
+  master_.manifest_sync().Wait(ended.ticket, absl::Now() + absl::Hours(1),
+                               [&](bool ok) { durable = ok; });
+  EXPECT_FALSE(durable.has_value());
+  std::vector<ManifestRecord> told = Apply();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].kind, ManifestRecord::Kind::kAdd);
+  EXPECT_EQ(told[0].grant, wire::TokenGrant(put.placements[0].token));
+  EXPECT_EQ(durable, std::optional<bool>(true));
+
+  // A commit whose segment goes away before applying it is not durable.
+  PutStartResult lost = Start("lost");
+  ended = master_.BatchPutEnd({PutRef{"lost", lost.put_id}});
+  durable.reset();
+  master_.manifest_sync().Wait(ended.ticket, absl::Now() + absl::Hours(1),
+                               [&](bool ok) { durable = ok; });
+  ASSERT_TRUE(master_.UnmountSegment("a", 1).ok());
+  EXPECT_EQ(durable, std::optional<bool>(false));
+}
+
+TEST_F(GrantFenceTest, PutIdsAreUnpredictableAndTiedToTheCallerThatAsked) {
+  PutStartResult a = Start("a", "ipv4:10.0.0.1");
+  PutStartResult b = Start("b", "ipv4:10.0.0.1");
+  EXPECT_GT(a.put_id > b.put_id ? a.put_id - b.put_id : b.put_id - a.put_id, 1000u);
+  EXPECT_EQ(master_.BatchPutRevoke({PutRef{"a", a.put_id, 0, "ipv4:10.0.0.2"}})[0].code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(master_.BatchPutEnd({PutRef{"a", a.put_id, 0, "ipv4:10.0.0.2"}}).results[0].code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(master_.BatchPutEnd({PutRef{"a", a.put_id, 0, "ipv4:10.0.0.1"}}).results[0].ok());
+}
+
+TEST_F(GrantFenceTest, RestoredRecordsOutsideThePoolOrOfSizeZeroAreRefused) {
+  ASSERT_TRUE(master_.UnmountSegment("a", 1).ok());
+  SegmentInfo info;
+  info.name = "r";
+  info.endpoint = "r:1";
+  info.size = 1 << 20;
+  info.incarnation = 2;
+  info.token_secret = wire::NewCapabilitySecret();
+  info.restoring = true;
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  std::vector<ManifestRecord> records = {
+      {.key = "ok", .offset = 0, .size = 100},
+      {.key = "zero", .offset = 4096, .size = 0},
+      {.key = "outside", .offset = (1 << 20) - 64, .size = 128},
+      {.key = "wraps", .offset = ~uint64_t{0} - 10, .size = 100},
+      {.key = "huge", .offset = 0, .size = ~uint64_t{0}},
+      {.key = "", .offset = 8192, .size = 10},
+  };
+  absl::StatusOr<std::vector<std::string>> refused = master_.RestoreManifest("r", 2, records);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(*refused, (std::vector<std::string>{"zero", "outside", "wraps", "huge", ""}));
+  EXPECT_TRUE(*master_.BatchExist({"ok"})[0]);
 }
 
 }  // namespace

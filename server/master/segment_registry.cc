@@ -1,5 +1,7 @@
 #include "server/master/segment_registry.h"
 
+#include "common/net.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -23,11 +25,31 @@ absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo 
   if (info.size < RangeAllocator::kAlignment) {
     return absl::InvalidArgumentError(absl::StrCat("segment size ", info.size, " is too small"));
   }
+  // What a segment says about itself is checked like anything else from a socket.
+  constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 50;  // 1 PiB
+  constexpr size_t kMaxField = 1024;
+  if (info.size > kMaxSegmentBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment size ", info.size, " is larger than ", kMaxSegmentBytes));
+  }
+  if (info.token_secret.size() > kMaxField || info.name.size() > kMaxField ||
+      info.endpoint.size() > kMaxField || info.host.size() > kMaxField ||
+      info.shm_socket.size() > kMaxField || info.machine_id.size() > kMaxField) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a field of the mount is longer than ", kMaxField, " bytes"));
+  }
+  if (!ParseHostPort(info.endpoint).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment endpoint \"", info.endpoint, "\" is not host:port"));
+  }
   absl::MutexLock lock(&mu_);
   MountResult result;
   if (auto it = by_name_.find(info.name); it != by_name_.end()) {
     std::shared_ptr<MountedSegment>& existing = by_id_[it->second];
-    if (existing->info().incarnation == info.incarnation) {
+    // The same process with the same secret: a retried mount. A new secret is a new term of
+    // the segment (it draws one per mount and refuses the old one's tokens): start afresh.
+    if (existing->info().incarnation == info.incarnation &&
+        existing->info().token_secret == info.token_secret) {
       existing->Touch(now);
       result.segment = existing;
       result.already_mounted = true;

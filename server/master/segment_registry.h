@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,9 @@ struct SegmentInfo {
   std::string token_secret;
   // Runs inside the master process: never expires, keeps no manifest.
   bool embedded = false;
+  // For an embedded segment: ends a grant on it (all of it, or its writes only), remembered
+  // until `until`. Called as the master ends grants.
+  std::function<void(uint64_t grant, bool writes_only, absl::Time until)> end_grant;
   // It will report a manifest (RestoreManifest): take no new objects until it has.
   bool restoring = false;
 };

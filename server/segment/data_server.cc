@@ -20,31 +20,68 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
+// At most one line a second per kind of event, with how many were not logged: a flood of
+// bad frames or failed accepts costs a counter increment each, not a log line.
+class LogLimiter {
+ public:
+  // True when this event should be logged; `suppressed` says how many were not since.
+  bool Allow(uint64_t* suppressed) {
+    int64_t now = absl::GetCurrentTimeNanos();
+    int64_t next = next_ns_.load(std::memory_order_relaxed);
+    if (now < next || !next_ns_.compare_exchange_strong(next, now + 1'000'000'000)) {
+      skipped_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    *suppressed = skipped_.exchange(0, std::memory_order_relaxed);
+    return true;
+  }
+
+ private:
+  std::atomic<int64_t> next_ns_{0};
+  std::atomic<uint64_t> skipped_{0};
+};
+
+std::string Suppressed(uint64_t n) {
+  return n == 0 ? "" : absl::StrCat(" (", n, " more like it not logged)");
+}
+
 // What every connection of a server shares.
 struct ServerState {
+  ServerState(const MemoryPool& pool, std::string secret, DataServerOptions options)
+      : pool(pool), options(options), grants(std::move(secret), options.require_token) {}
   const MemoryPool& pool;
-  const std::string secret;
   const DataServerOptions options;
-  Manifest* const manifest;
+  GrantTable grants;
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> rejected_malformed{0}, rejected_range{0}, rejected_token{0},
-      rejected_expired{0};
+      rejected_expired{0}, rejected_ended{0}, rejected_connection_cap{0}, closed_idle{0},
+      accept_errors{0};
+  std::atomic<int64_t> connections{0};
+  LogLimiter reject_log, close_log, accept_log;
   LatencyHistogram read_latency, write_latency;
 };
 
 // One client connection. Its requests are handled in order, in rounds: a round takes every
 // complete request already received (a client pipelines many), checks each, and answers them
 // all with one gathered write (READ data straight from the pool). A WRITE's payload is read
-// straight into the pool. At most one asynchronous operation is outstanding, so no strand is
+// straight into the pool, but only through GrantTable::Write::Land: once its grant ends no
+// further byte lands. At most one asynchronous operation is outstanding, so no strand is
 // needed.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(tcp::socket socket, ServerState& server)
-      : socket_(std::move(socket)), server_(server) {
+      : socket_(std::move(socket)), server_(server), timer_(socket_.get_executor()) {
+    server_.connections.fetch_add(1, std::memory_order_relaxed);
     boost::system::error_code ignored;
     peer_ = absl::StrCat(socket_.remote_endpoint(ignored).address().to_string(ignored), ":",
                          socket_.remote_endpoint(ignored).port());
     answers_.reserve(kMaxAnswers);
+    // The payload of a WRITE is read with non-blocking reads under its grant's lock.
+    socket_.non_blocking(true, ignored);
+  }
+  ~Connection() {
+    if (write_) server_.grants.EndWrite(write_);
+    server_.connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
   void Start() { Receive(); }
@@ -67,7 +104,36 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   size_t Buffered() const { return end_ - begin_; }
 
+  // Closes the connection when `timeout` passes before the next Arm: idle between requests,
+  // or a request (header, WRITE payload, answers) not done in time. Handlers of one
+  // connection run on its strand, so this never races a read or write.
+  void Arm(absl::Duration timeout) {
+    timer_.expires_after(absl::ToChronoNanoseconds(timeout));
+    timer_.async_wait([weak = weak_from_this(), timeout](boost::system::error_code ec) {
+      std::shared_ptr<Connection> self = weak.lock();
+      if (ec || self == nullptr) return;
+      self->server_.closed_idle.fetch_add(1, std::memory_order_relaxed);
+      uint64_t suppressed = 0;
+      if (self->server_.close_log.Allow(&suppressed)) {
+        KVPOOL_LOG(WARNING) << "closing data connection from " << self->peer_ << ": "
+                            << (self->Buffered() == 0 && !self->write_ ? "idle" : "a request not done")
+                            << " for " << timeout << Suppressed(suppressed);
+      }
+      boost::system::error_code ignored;
+      self->socket_.close(ignored);
+    });
+  }
+
   void Receive() {
+    // Between requests the idle timeout runs; once a header has begun, the request timeout
+    // (armed once per request, so a trickle of bytes does not extend it).
+    if (Buffered() == 0) {
+      request_armed_ = false;
+      Arm(server_.options.idle_timeout);
+    } else if (!request_armed_) {
+      request_armed_ = true;
+      Arm(server_.options.request_timeout);
+    }
     if (begin_ > 0) {
       std::memmove(input_.data(), input_.data() + begin_, Buffered());
       end_ -= begin_;
@@ -81,9 +147,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void OnReceive(boost::system::error_code ec, size_t n) {
     if (ec) {
-      if (ec != asio::error::eof || Buffered() != 0) {
+      uint64_t suppressed = 0;
+      if ((ec != asio::error::eof || Buffered() != 0) && ec != asio::error::operation_aborted &&
+          server_.close_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-request ("
-                            << Buffered() << " bytes of a request): " << ec.message();
+                            << Buffered() << " bytes of a request): " << ec.message()
+                            << Suppressed(suppressed);
       }
       return;
     }
@@ -127,21 +196,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
         round_bytes += request_.length;
         continue;
       }
-      // WRITE: the master granted this range to a new object, so what the manifest had there
-      // is gone. What of the payload is buffered is copied; the rest is read straight in.
-      if (server_.manifest != nullptr) {
-        server_.manifest->DropOverlapping(request_.offset, request_.length);
-      }
+      // WRITE: what of the payload is buffered is copied; the rest is read straight in.
       write_started_ = absl::Now();
-      size_t buffered = std::min<uint64_t>(Buffered(), request_.length);
-      std::memcpy(range, input_.data() + begin_, buffered);
-      begin_ += buffered;
-      if (buffered < request_.length) {
-        asio::async_read(socket_, asio::buffer(range + buffered, request_.length - buffered),
-                         [self = shared_from_this(), buffered](boost::system::error_code ec,
-                                                               size_t n) {
-                           self->OnPayload(ec, buffered + n);
-                         });
+      if (!request_armed_) Arm(server_.options.request_timeout);
+      request_armed_ = false;  // the next request arms its own
+      written_ = std::min<uint64_t>(Buffered(), request_.length);
+      const uint8_t* buffered = input_.data() + begin_;
+      begin_ += written_;
+      if (!write_->Land([&] { std::memcpy(range, buffered, written_); })) {
+        GrantEnded();
+        break;
+      }
+      if (written_ < request_.length) {
+        AwaitPayload();
         return;
       }
       WriteDone(request_.length);
@@ -153,17 +220,62 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
-  void OnPayload(boost::system::error_code ec, size_t n) {
+  void AwaitPayload() {
+    socket_.async_wait(tcp::socket::wait_read,
+                       [self = shared_from_this()](boost::system::error_code ec) {
+                         self->OnReadable(ec);
+                       });
+  }
+
+  // Moves what has arrived of the payload into the pool, while the grant is open.
+  void OnReadable(boost::system::error_code ec) {
+    uint8_t* range = server_.pool.data() + request_.offset;
+    while (!ec && written_ < request_.length) {
+      size_t n = 0;
+      bool landed = write_->Land([&] {
+        n = socket_.read_some(asio::buffer(range + written_, request_.length - written_), ec);
+      });
+      if (!landed) {
+        GrantEnded();
+        Flush();
+        return;
+      }
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        AwaitPayload();
+        return;
+      }
+      written_ += n;
+    }
     if (ec) {
-      KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write (" << n
-                          << " of " << request_.length << " bytes): " << ec.message();
+      uint64_t suppressed = 0;
+      if (server_.close_log.Allow(&suppressed)) {
+        KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write ("
+                            << written_ << " of " << request_.length
+                            << " bytes): " << ec.message() << Suppressed(suppressed);
+      }
+      server_.grants.EndWrite(write_);
+      write_.reset();
       return;
     }
-    WriteDone(n);
+    WriteDone(request_.length);
     Process();
   }
 
+  // The write's grant ended (or its token expired) while its payload arrived: what came
+  // after that was not stored. The stream is not in step any more: answer and close.
+  void GrantEnded() {
+    server_.grants.EndWrite(write_);
+    write_.reset();
+    Reject(request_.request_id, v1::PERMISSION_DENIED,
+           absl::StrCat("the write's grant ended (revoked, reclaimed, expired or a new master "
+                        "term) after ", written_, " of ", request_.length,
+                        " bytes; the rest was not stored"),
+           server_.rejected_ended);
+  }
+
   void WriteDone(size_t n) {
+    server_.grants.EndWrite(write_);
+    write_.reset();
     server_.writes.fetch_add(1, std::memory_order_relaxed);
     server_.bytes_written.fetch_add(n, std::memory_order_relaxed);
     server_.write_latency.Observe(absl::Now() - write_started_);
@@ -180,14 +292,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
              server_.rejected_range);
       return false;
     }
-    if (!server_.options.require_token) return true;
-    absl::Status granted = wire::VerifyToken(server_.secret, request_, absl::Now());
+    absl::Status granted;
+    if (write) {
+      absl::StatusOr<std::shared_ptr<GrantTable::Write>> begun =
+          server_.grants.BeginWrite(request_, absl::Now());
+      granted = begun.status();
+      if (begun.ok()) write_ = *std::move(begun);
+    } else {
+      granted = server_.grants.CheckRead(request_, absl::Now());
+    }
     if (granted.ok()) return true;
     bool expired = granted.code() == absl::StatusCode::kDeadlineExceeded;
+    bool ended = granted.code() == absl::StatusCode::kFailedPrecondition;
     Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
            absl::StrCat(granted.message(),
                         expired ? (write ? " (reservation timed out)" : " (lease ran out)") : ""),
-           expired ? server_.rejected_expired : server_.rejected_token);
+           expired ? server_.rejected_expired
+                   : ended ? server_.rejected_ended
+                           : server_.rejected_token);
     return false;
   }
 
@@ -202,7 +324,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     wire::RequestHeader grant = request_;
     grant.opcode = connect->granted_opcode;
     if (server_.options.require_token) {
-      absl::Status granted = wire::VerifyToken(server_.secret, grant, absl::Now());
+      absl::Status granted = server_.grants.CheckRead(grant, absl::Now());
       if (!granted.ok()) {
         Reject(request_.request_id, v1::PERMISSION_DENIED, granted.message(),
                server_.rejected_token);
@@ -247,8 +369,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Reject(uint64_t request_id, int32_t code, absl::string_view reason,
               std::atomic<uint64_t>& counter) {
     counter.fetch_add(1, std::memory_order_relaxed);
-    KVPOOL_LOG(WARNING) << "rejected request from " << peer_ << " (" << ErrorCodeName(code)
-                        << "): " << reason << "; closing the connection";
+    uint64_t suppressed = 0;
+    if (server_.reject_log.Allow(&suppressed)) {
+      KVPOOL_LOG(WARNING) << "rejected request from " << peer_ << " (" << ErrorCodeName(code)
+                          << "): " << reason << "; closing the connection"
+                          << Suppressed(suppressed);
+    }
     request_.request_id = request_id;
     QueueExtra(code, std::string(reason.substr(0, wire::kMaxErrorMessage)));
     closing_ = true;
@@ -256,6 +382,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // One gathered write of every queued answer.
   void Flush() {
+    Arm(server_.options.request_timeout);  // a peer that does not read its answers is cut off
+    request_armed_ = false;
     gather_.clear();
     for (const Answer& answer : answers_) {
       gather_.push_back(asio::buffer(answer.header));
@@ -292,31 +420,63 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t begin_ = 0;
   size_t end_ = 0;
   wire::RequestHeader request_;
+  // The WRITE whose payload is arriving, and how much of it has landed.
+  std::shared_ptr<GrantTable::Write> write_;
+  uint64_t written_ = 0;
   absl::Time write_started_;
   std::vector<Answer> answers_;
   std::vector<asio::const_buffer> gather_;
   std::shared_ptr<void> queue_pair_;
   bool closing_ = false;
+  asio::steady_timer timer_;
+  bool request_armed_ = false;
 };
 
 }  // namespace
 
 struct DataServer::Impl {
-  Impl(const MemoryPool& pool, std::string secret, DataServerOptions options, Manifest* manifest)
-      : state{pool, std::move(secret), options, manifest} {}
+  Impl(const MemoryPool& pool, std::string secret, DataServerOptions options)
+      : state(pool, std::move(secret), options) {}
 
   void Accept();
 
   ServerState state;
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer backoff{io};
   std::vector<std::thread> threads;
 };
 
 void DataServer::Impl::Accept() {
-  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+  // Each connection gets its own strand: its handlers (reads, writes, its timer) never run
+  // at the same time.
+  acceptor.async_accept(asio::make_strand(io), [this](boost::system::error_code ec,
+                                                      tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
+    uint64_t suppressed = 0;
+    if (ec) {
+      // EMFILE and the like: the failure repeats at once while the cause lasts, so back off
+      // instead of spinning (and logging) in a tight loop.
+      state.accept_errors.fetch_add(1, std::memory_order_relaxed);
+      if (state.accept_log.Allow(&suppressed)) {
+        KVPOOL_LOG(WARNING) << "accept failed: " << ec.message() << "; backing off"
+                            << Suppressed(suppressed);
+      }
+      backoff.expires_after(std::chrono::milliseconds(50));
+      backoff.async_wait([this](boost::system::error_code waited) {
+        if (!waited) Accept();
+      });
+      return;
+    }
+    if (state.connections.load(std::memory_order_relaxed) >= state.options.max_connections) {
+      state.rejected_connection_cap.fetch_add(1, std::memory_order_relaxed);
+      if (state.accept_log.Allow(&suppressed)) {
+        KVPOOL_LOG(WARNING) << "refused a data connection: " << state.options.max_connections
+                            << " are open (--max-connections)" << Suppressed(suppressed);
+      }
+      boost::system::error_code ignored;
+      socket.close(ignored);
+    } else {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
       if (int bytes = state.options.socket_buffer_bytes; bytes > 0) {
@@ -324,16 +484,16 @@ void DataServer::Impl::Accept() {
         socket.set_option(asio::socket_base::receive_buffer_size(bytes), ignored);
       }
       std::make_shared<Connection>(std::move(socket), state)->Start();
-    } else {
-      KVPOOL_LOG(WARNING) << "accept failed: " << ec.message();
     }
     Accept();
   });
 }
 
-DataServer::DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options,
-                       Manifest* manifest)
-    : impl_(std::make_unique<Impl>(pool, std::move(token_secret), options, manifest)) {}
+DataServer::DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options)
+    : impl_(std::make_unique<Impl>(pool, std::move(token_secret), options)) {}
+
+GrantTable& DataServer::grants() { return impl_->state.grants; }
+const GrantTable& DataServer::grants() const { return impl_->state.grants; }
 
 DataServer::~DataServer() { Stop(); }
 
@@ -365,8 +525,13 @@ DataServer::Stats DataServer::stats() const {
   stats.rejected_range = s.rejected_range.load();
   stats.rejected_token = s.rejected_token.load();
   stats.rejected_expired = s.rejected_expired.load();
+  stats.rejected_ended = s.rejected_ended.load();
+  stats.rejected_connection_cap = s.rejected_connection_cap.load();
+  stats.closed_idle = s.closed_idle.load();
+  stats.accept_errors = s.accept_errors.load();
+  stats.connections = static_cast<uint64_t>(std::max<int64_t>(0, s.connections.load()));
   stats.rejected = stats.rejected_malformed + stats.rejected_range + stats.rejected_token +
-                   stats.rejected_expired;
+                   stats.rejected_expired + stats.rejected_ended + stats.rejected_connection_cap;
   stats.read_latency = s.read_latency.Snapshot();
   stats.write_latency = s.write_latency.Snapshot();
   return stats;

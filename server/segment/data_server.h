@@ -4,9 +4,12 @@
 // frame protocol of proto/frame.h. Bytes move straight between the socket and the pool.
 //
 // Every request is checked before any byte moves: its range must lie inside the pool and
-// its capability token must grant exactly that range and opcode. A request that fails a
-// check, or a header that does not decode, gets an error response with the reason and the
-// connection is closed; other connections are unaffected. Thread-safe.
+// its capability token must grant exactly that range and opcode, under the current term, for
+// a grant the master has not ended (GrantTable). A WRITE's payload lands only while its grant
+// is open: once it ends (revoke, reclaim, commit, remove, a new term) or its token expires,
+// no further byte is stored. A request that fails a check, or a header that does not decode,
+// gets an error response with the reason and the connection is closed; other connections are
+// unaffected. Thread-safe.
 
 #include <atomic>
 #include <cstdint>
@@ -17,9 +20,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/latency_histogram.h"
 #include "rdma/rdma_device.h"
-#include "server/segment/manifest.h"
+#include "server/segment/grant_table.h"
 #include "server/segment/memory_pool.h"
 
 namespace kvpool::segment {
@@ -38,16 +42,22 @@ struct DataServerOptions {
   bool require_token = true;
   // Socket buffer sizes (0: the kernel's default).
   int socket_buffer_bytes = 4 << 20;
+  // Connections served at once; one more is accepted and closed at once (counted).
+  int max_connections = 4096;
+  // A connection with no request in progress for this long is closed.
+  absl::Duration idle_timeout = absl::Minutes(5);
+  // A request whose header or WRITE payload has begun to arrive must be complete within
+  // this long (a 1-byte-per-second sender is cut off).
+  absl::Duration request_timeout = absl::Seconds(30);
   // Creates a queue pair for a client's RDMA connect; unset: RDMA is off on this segment.
   std::function<absl::StatusOr<RdmaAccept>(const rdma::QueuePairInfo& client)> rdma_accept;
 };
 
 class DataServer {
  public:
-  // `manifest` (may be null: an embedded segment keeps none) loses the entries that an
-  // accepted write overlaps. Both must outlive the server.
-  DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options,
-             Manifest* manifest = nullptr);
+  // `pool` must outlive the server; tokens verify under `token_secret` until grants()
+  // starts a new term.
+  DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options);
   ~DataServer();
   DataServer(const DataServer&) = delete;
   DataServer& operator=(const DataServer&) = delete;
@@ -55,6 +65,10 @@ class DataServer {
   // Listens on "ip:port" (port 0: any free port) and returns the bound port.
   absl::StatusOr<uint16_t> Start(const std::string& address);
   void Stop();
+
+  // The grants this server honours: the segment ends them as the master says.
+  GrantTable& grants();
+  const GrantTable& grants() const;
 
   struct Stats {
     uint64_t reads = 0;
@@ -66,6 +80,11 @@ class DataServer {
     uint64_t rejected_range = 0;
     uint64_t rejected_token = 0;
     uint64_t rejected_expired = 0;
+    uint64_t rejected_ended = 0;  // the grant was ended by the master (or a new term)
+    uint64_t rejected_connection_cap = 0;  // connections refused: max_connections reached
+    uint64_t closed_idle = 0;              // connections closed: idle or too slow
+    uint64_t accept_errors = 0;            // accept failed (EMFILE, ...): backed off
+    uint64_t connections = 0;              // open now
     // From a request's header to the last byte of its answer.
     HistogramSnapshot read_latency;
     HistogramSnapshot write_latency;

@@ -218,5 +218,50 @@ TEST_F(DataServerTest, TruncatedHeaderOrPayloadLeavesTheServerServing) {
   ExpectStillServing();
 }
 
+// A grant the master ends while the payload of a write under it is still arriving: what
+// arrives after that never lands, and later writes or reads under it are refused.
+TEST_F(DataServerTest, GrantEndedMidPayloadLandsNoFurtherByte) {
+  constexpr uint64_t kOffset = 8192, kLength = 256 << 10;
+  constexpr uint64_t kGrant = 0xabc;
+  wire::RequestHeader write = {
+      .opcode = wire::Opcode::kWrite,
+      .request_id = 5,
+      .offset = kOffset,
+      .length = kLength,
+      .token = wire::MintToken(secret_, wire::Opcode::kWrite, kOffset, kLength,
+                               absl::Now() + absl::Minutes(1), kGrant)};
+  std::memset(pool_->data() + kOffset, 'o', kLength);
+  int fd = Connect();
+  SendHeader(fd, write);
+  std::string first(kLength / 2, 'a'), second(kLength - kLength / 2, 'b');
+  SendBytes(fd, first.data(), first.size());
+  // Wait until the first half has landed, then end the grant (as a revoke's FORGET does).
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (pool_->data()[kOffset + kLength / 2 - 1] != 'a' && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  server_->grants().End(kGrant, /*writes_only=*/false, absl::Now() + absl::Minutes(1));
+  send(fd, second.data(), second.size(), MSG_NOSIGNAL);  // may be cut short by the close
+  std::string reason;
+  wire::ResponseHeader answer = Response(fd, &reason);
+  EXPECT_EQ(answer.status, v1::PERMISSION_DENIED) << reason;
+  EXPECT_NE(reason.find("grant ended"), std::string::npos) << reason;
+  close(fd);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(pool_->data()) + kOffset + kLength / 2,
+                        kLength - kLength / 2),
+            std::string(kLength - kLength / 2, 'o'))
+      << "bytes landed after the grant ended";
+
+  fd = Connect();
+  write.request_id = 6;
+  SendHeader(fd, write);
+  answer = Response(fd, &reason);
+  EXPECT_EQ(answer.status, v1::PERMISSION_DENIED) << reason;
+  close(fd);
+  EXPECT_EQ(server_->grants().writes_in_flight(), 0u);
+  EXPECT_GE(server_->stats().rejected_ended, 2u);
+  ExpectStillServing();
+}
+
 }  // namespace
 }  // namespace kvpool::segment

@@ -40,11 +40,25 @@ ABSL_FLAG(std::string, shm_socket, "auto",
 ABSL_FLAG(std::string, shm_uids, "",
           "Who may map the pool: empty (this segment's uid and root), any, or exactly the uids "
           "listed, like 1000,1001");
+ABSL_FLAG(std::string, shm_group, "",
+          "A group (name or gid) whose members may reach the shared-memory socket and map the "
+          "pool, besides --shm-uids; empty: none (the socket is the owner's only)");
+ABSL_FLAG(int, max_connections, 4096,
+          "Data-plane connections served at once; more are refused at accept (counted in "
+          "kvpool_data_rejected_total{reason=\"connection_cap\"})");
+ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(5),
+          "A data-plane connection with no request for this long is closed");
+ABSL_FLAG(absl::Duration, request_timeout, absl::Seconds(30),
+          "A data-plane request header or WRITE payload that has begun must be complete within "
+          "this long, else the connection is closed");
 ABSL_FLAG(std::string, rdma_device, "",
           "RDMA device to serve one-sided READ/WRITE from: a name, empty for the first one, or "
           "none. Without a device the segment serves TCP and shared memory only");
 ABSL_FLAG(bool, enable_test_hooks, false,
           "Serve /debug/corrupt?offset=N on the HTTP port (flips a pool byte; tests only)");
+ABSL_FLAG(bool, verify_commits, true,
+          "Hash each committed range and refuse a commit whose bytes do not match its "
+          "checksum (turn off only to measure what the check costs)");
 ABSL_FLAG(bool, require_token, true,
           "Serve only ranges granted by the master's capability tokens (turn off only in "
           "benchmarks of the raw data plane)");
@@ -74,7 +88,10 @@ int main(int argc, char** argv) {
   options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   options.name = absl::GetFlag(FLAGS_name);
   options.data = {.threads = absl::GetFlag(FLAGS_threads),
-                  .require_token = absl::GetFlag(FLAGS_require_token)};
+                  .require_token = absl::GetFlag(FLAGS_require_token),
+                  .max_connections = absl::GetFlag(FLAGS_max_connections),
+                  .idle_timeout = absl::GetFlag(FLAGS_idle_timeout),
+                  .request_timeout = absl::GetFlag(FLAGS_request_timeout)};
   options.master_address = absl::GetFlag(FLAGS_master);
   options.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   std::string shm_socket = absl::GetFlag(FLAGS_shm_socket);
@@ -84,6 +101,12 @@ int main(int argc, char** argv) {
       !uids.ok()) {
     return Fail(uids);
   }
+  if (absl::Status group = kvpool::segment::ParseAdmittedGroup(absl::GetFlag(FLAGS_shm_group),
+                                                               &options.shm_admission);
+      !group.ok()) {
+    return Fail(group);
+  }
+  options.verify_commits = absl::GetFlag(FLAGS_verify_commits);
   options.print_mounts = true;
   options.on_drained = [] { kill(getpid(), SIGTERM); };
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =

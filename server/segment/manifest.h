@@ -4,9 +4,10 @@
 // FORGET, delivered with heartbeats). When the master restarts, the segment reports this
 // list and the master rebuilds its index from it.
 //
-// Entries are keyed by their offset in the pool. Any write the data plane accepts drops the
-// entries it overlaps: the master granted that range to a new object, so whatever was there
-// is gone, even if the FORGET that says so has not arrived yet. Thread-safe.
+// Entries are keyed by their offset in the pool. A write never changes the manifest: the
+// data plane accepts a write only under an open grant, and the master hands a range out
+// again only once the FORGET of its previous object was applied here (GrantTable). An ADD
+// drops the entries it overlaps. Thread-safe.
 
 #include <cstdint>
 #include <map>

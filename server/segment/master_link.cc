@@ -7,6 +7,7 @@
 #include "common/net.h"
 #include "grpcpp/grpcpp.h"
 #include "kvpool/v1/master.grpc.pb.h"
+#include "proto/capability.h"
 #include "proto/channel.h"
 
 namespace kvpool::segment {
@@ -21,8 +22,11 @@ struct MasterLink::Rpc {
   std::unique_ptr<v1::MasterService::Stub> stub;
 };
 
-MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest)
-    : options_(std::move(options)), manifest_(manifest), rpc_(std::make_unique<Rpc>()) {
+MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants)
+    : options_(std::move(options)),
+      manifest_(manifest),
+      grants_(grants),
+      rpc_(std::make_unique<Rpc>()) {
   rpc_->stub = v1::MasterService::NewStub(MakeMasterChannel(options_.master_address));
 }
 
@@ -67,7 +71,11 @@ absl::Status MasterLink::Mount() {
   request.set_endpoint(options_.endpoint);
   request.set_size(options_.size);
   request.set_incarnation(options_.incarnation);
-  request.set_token_secret(options_.token_secret);
+  // A new term: from here on only the new master's tokens verify, and no write of the old
+  // term lands another byte (that master's reservations are gone with it).
+  std::string secret = wire::NewCapabilitySecret();
+  grants_.NewTerm(secret);
+  request.set_token_secret(secret);
   request.set_manifest_objects(entries.size());
   request.set_shm_socket(options_.shm_socket);
   request.set_machine_id(MachineId());
@@ -105,6 +113,7 @@ absl::Status MasterLink::Mount() {
     }
   }
   acked_seq_ = 0;
+  refused_seqs_.clear();  // sequence numbers of the previous master
   mounted_.store(true);
   mount_count_.fetch_add(1);
   KVPOOL_LOG(INFO) << "mounted on master " << options_.master_address << " as " << options_.name
@@ -122,6 +131,7 @@ absl::Status MasterLink::Heartbeat() {
   request.set_name(options_.name);
   request.set_incarnation(options_.incarnation);
   request.set_acked_seq(acked_seq_);
+  for (uint64_t seq : refused_seqs_) request.add_refused_seqs(seq);
   request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
@@ -158,8 +168,36 @@ absl::Status MasterLink::Heartbeat() {
     mounted_.store(false);
     return Mount();
   }
+  // The master has them now (this answer acknowledges the request that carried them).
+  refused_seqs_.clear();
   if (response.records_size() > 0) {
-    manifest_.Apply({response.records().begin(), response.records().end()});
+    // Grants end before the records are acknowledged (with the next heartbeat): the master
+    // reuses a range only then.
+    std::vector<v1::ManifestRecord> applied;
+    applied.reserve(response.records_size());
+    uint64_t seq = response.last_seq() - static_cast<uint64_t>(response.records_size());
+    for (const v1::ManifestRecord& record : response.records()) {
+      ++seq;
+      bool add = record.kind() == v1::ManifestRecord::ADD;
+      absl::Time until = absl::FromUnixMillis(static_cast<int64_t>(record.until_ms()));
+      // A commit is checked once its writes ended (no byte of the grant can land after
+      // that): the range must hold the bytes of the checksum the writer declared. Else it
+      // is refused, its grant ended for reads too, and it never enters the manifest.
+      grants_.End(record.grant(), /*writes_only=*/add, until);
+      if (add && record.checksum() != 0 && options_.holds_bytes &&
+          !options_.holds_bytes(record.offset(), record.size(), record.checksum())) {
+        grants_.End(record.grant(), /*writes_only=*/false, until);
+        refused_seqs_.push_back(seq);
+        continue;
+      }
+      applied.push_back(record);
+    }
+    if (!refused_seqs_.empty() && absl::Now() - last_refusal_log_ >= absl::Seconds(1)) {
+      last_refusal_log_ = absl::Now();  // at most a line a second
+      KVPOOL_LOG(WARNING) << "refused " << refused_seqs_.size()
+                          << " commits whose ranges do not hold the bytes of their checksums";
+    }
+    manifest_.Apply(applied);
     acked_seq_ = response.last_seq();
   }
   return absl::OkStatus();

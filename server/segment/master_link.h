@@ -13,11 +13,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/segment/grant_table.h"
 #include "server/segment/manifest.h"
 
 namespace grpc {
@@ -34,19 +36,24 @@ struct MasterLinkOptions {
   std::string shm_socket;  // for same-host clients; empty if none
   uint64_t size = 0;
   uint64_t incarnation = 0;
-  std::string token_secret;
   absl::Duration rpc_timeout = absl::Seconds(3);
   absl::Duration retry_interval = absl::Milliseconds(500);
   // Called (once) when the master says the segment was drained: it should stop.
   std::function<void()> on_drained;
   // Print "kvpool-segment mounted master=... objects=N" on stdout at every mount.
   bool print_mounts = false;
+  // Whether [offset, offset + size) of the pool holds bytes of this checksum. A commit (ADD
+  // record) with a checksum whose range does not is refused back to the master instead of
+  // applied (docs/semantics.md, "Grants"). Unset: every commit is applied.
+  std::function<bool(uint64_t offset, uint64_t size, uint64_t checksum)> holds_bytes;
 };
 
 class MasterLink {
  public:
-  // `manifest` must outlive the link.
-  MasterLink(MasterLinkOptions options, Manifest& manifest);
+  // Both must outlive the link. Every mount starts a new term of `grants` (a new token
+  // secret, told to the master); the grants the master ends are ended in `grants` before
+  // they are acknowledged.
+  MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants);
   ~MasterLink();
   MasterLink(const MasterLink&) = delete;
   MasterLink& operator=(const MasterLink&) = delete;
@@ -68,6 +75,7 @@ class MasterLink {
 
   const MasterLinkOptions options_;
   Manifest& manifest_;
+  GrantTable& grants_;
   std::unique_ptr<Rpc> rpc_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -78,6 +86,9 @@ class MasterLink {
   // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t acked_seq_ = 0;
+  // ADD records (by sequence number) refused and not yet reported to this master.
+  std::vector<uint64_t> refused_seqs_;
+  absl::Time last_refusal_log_ = absl::InfinitePast();
   std::thread thread_;
 };
 

@@ -1,5 +1,6 @@
 #include "server/segment/memory_pool.h"
 
+#include <fcntl.h>
 #include <linux/memfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -53,7 +54,8 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolO
                                                    "multiple of 2 MiB; ", FormatSize(size),
                                                    " (", size, " bytes) is not"));
   }
-  unsigned memfd_flags = MFD_CLOEXEC | (options.hugepages ? MFD_HUGETLB | MFD_HUGE_2MB : 0);
+  unsigned memfd_flags =
+      MFD_CLOEXEC | MFD_ALLOW_SEALING | (options.hugepages ? MFD_HUGETLB | MFD_HUGE_2MB : 0);
   int fd = memfd_create(options.name.c_str(), memfd_flags);
   if (fd < 0) {
     int error = errno;
@@ -65,6 +67,14 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolO
     close(fd);
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot size the pool to ", FormatSize(size), ": ", std::strerror(error)));
+  }
+  // The memfd is handed to same-host clients (shared memory): sealed, none of them can shrink
+  // it (which would kill this process with SIGBUS on its next access) or grow it.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    int error = errno;
+    close(fd);
+    return absl::InternalError(
+        absl::StrCat("cannot seal the pool's memfd against resizing: ", std::strerror(error)));
   }
   // A shared huge-page mapping reserves all its pages here, so a shortage fails now (ENOMEM)
   // rather than as a SIGBUS on some later write.

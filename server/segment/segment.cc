@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "proto/capability.h"
+#include "proto/checksum.h"
 #include "server/common/advertise.h"
 
 namespace kvpool::segment {
@@ -29,7 +30,6 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
                           .name = "kvpool-segment"});
   if (!pool.ok()) return pool.status();
   segment->pool_ = std::move(*pool);
-  segment->secret_ = wire::NewCapabilitySecret();
   segment->incarnation_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   if (options.rdma_device != "none") {
     if (absl::Status rdma = segment->StartRdma(options.rdma_device, options.data); !rdma.ok()) {
@@ -37,10 +37,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
                        << "); serving TCP and shared memory";
     }
   }
-  segment->server_ = std::make_unique<DataServer>(*segment->pool_, segment->secret_, options.data,
-                                                  options.master_address.empty()
-                                                      ? nullptr
-                                                      : &segment->manifest_);
+  segment->server_ = std::make_unique<DataServer>(*segment->pool_, wire::NewCapabilitySecret(),
+                                                  options.data);
   absl::StatusOr<uint16_t> port = segment->server_->Start(options.listen);
   if (!port.ok()) return port.status();
   segment->host_ = AdvertisedHost(listen->host, options.advertise_host);
@@ -65,10 +63,18 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   link.shm_socket = segment->shm_socket();
   link.size = options.size;
   link.incarnation = segment->incarnation_;
-  link.token_secret = segment->secret_;
   link.print_mounts = options.print_mounts;
   link.on_drained = std::move(options.on_drained);
-  segment->link_ = std::make_unique<MasterLink>(std::move(link), segment->manifest_);
+  if (options.verify_commits) {
+    link.holds_bytes = [pool = segment->pool_.get()](uint64_t offset, uint64_t size,
+                                                     uint64_t checksum) {
+      if (offset > pool->size() || size > pool->size() - offset) return false;
+      iovec range{pool->data() + offset, size};
+      return wire::Checksum({&range, 1}) == checksum;
+    };
+  }
+  segment->link_ = std::make_unique<MasterLink>(std::move(link), segment->manifest_,
+                                                segment->server_->grants());
   segment->link_->Start();
 
   if (options.mount_timeout > absl::ZeroDuration()) {

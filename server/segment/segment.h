@@ -45,6 +45,8 @@ struct SegmentOptions {
   std::string master_address;
   // If above zero, Start() waits this long for the first mount (Unavailable if it fails).
   absl::Duration mount_timeout = absl::ZeroDuration();
+  // Refuse a commit whose range does not hash to its checksum (MasterLinkOptions::holds_bytes).
+  bool verify_commits = true;
   // Print "kvpool-segment mounted ..." on stdout at every mount (the daemon's readiness line).
   bool print_mounts = false;
   std::function<void()> on_drained;
@@ -67,8 +69,15 @@ class Segment {
   // Data-plane endpoint clients dial, "host:port".
   const std::string& endpoint() const { return endpoint_; }
   uint64_t size() const { return pool_->size(); }
-  // The secret the master signs this segment's capability tokens with.
-  const std::string& token_secret() const { return secret_; }
+  // The secret the master signs this segment's capability tokens with in the current term
+  // (a segment with a master link draws a new one at every mount).
+  std::string token_secret() const { return server_->grants().secret(); }
+  // Ends a grant (see GrantTable::End): for a segment embedded in the master, which is told
+  // directly instead of through manifest records.
+  void EndGrant(uint64_t grant, bool writes_only, absl::Time until) {
+    server_->grants().End(grant, writes_only, until);
+  }
+  const GrantTable& grants() const { return server_->grants(); }
   MemoryPool& pool() { return *pool_; }
   const Manifest& manifest() const { return manifest_; }
   // Always true for an embedded segment.
@@ -90,7 +99,6 @@ class Segment {
   std::string name_;
   std::string host_;
   std::string endpoint_;
-  std::string secret_;
   uint64_t incarnation_ = 0;
   std::unique_ptr<MemoryPool> pool_;
   std::shared_ptr<rdma::Device> rdma_;

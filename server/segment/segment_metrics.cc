@@ -30,10 +30,25 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
   for (auto [reason, count] : {std::pair{"malformed", tcp.rejected_malformed},
                                std::pair{"range", tcp.rejected_range},
                                std::pair{"token", tcp.rejected_token},
-                               std::pair{"expired", tcp.rejected_expired}}) {
+                               std::pair{"expired", tcp.rejected_expired},
+                               std::pair{"grant_ended", tcp.rejected_ended},
+                               std::pair{"connection_cap", tcp.rejected_connection_cap},
+                               std::pair{"timeout", tcp.closed_idle}}) {
     families.Counter("kvpool_data_rejected_total", kRejected, static_cast<double>(count),
                      {{"reason", reason}});
   }
+  families.Counter("kvpool_data_accept_errors_total",
+                   "Failed accepts on the data port (EMFILE, ...), each followed by a back-off.",
+                   static_cast<double>(tcp.accept_errors));
+  families.Gauge("kvpool_data_connections", "Data-plane connections open now.",
+                 static_cast<double>(tcp.connections));
+  families.Gauge("kvpool_segment_ended_grants",
+                 "Ended grants remembered now (until their tokens expire; capped).",
+                 static_cast<double>(segment.grants().ended_count()));
+  families.Counter("kvpool_segment_ended_grants_overflowed_total",
+                   "Ended grants forgotten early because the table was full; tokens expiring "
+                   "before them are refused.",
+                   static_cast<double>(segment.grants().ended_overflowed()));
   return families.Take();
 }
 

@@ -1,5 +1,7 @@
 #include "server/segment/shm_admission.h"
 
+#include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -10,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
@@ -42,6 +46,21 @@ bool SendWithFd(int socket, const std::string& bytes, int fd) {
 
 }  // namespace
 
+absl::Status ParseAdmittedGroup(absl::string_view text, ShmAdmissionOptions* options) {
+  if (text.empty()) return absl::OkStatus();
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(text, &gid)) {
+    options->group = gid;
+    return absl::OkStatus();
+  }
+  std::string name(text);
+  if (group* found = getgrnam(name.c_str()); found != nullptr) {
+    options->group = found->gr_gid;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no group \"", text, "\""));
+}
+
 absl::Status ParseAdmittedUids(absl::string_view text, ShmAdmissionOptions* options) {
   if (text.empty()) return absl::OkStatus();
   if (text == "any") {
@@ -72,6 +91,17 @@ absl::Status ShmAdmission::Start() {
         absl::StrCat("shared-memory socket path \"", options_.socket_path, "\" is empty or too long"));
   }
   std::memcpy(address.sun_path, options_.socket_path.data(), options_.socket_path.size());
+  // A live segment still answering on the path keeps it: fail rather than steal it. A file
+  // nobody answers on is what a killed segment left behind.
+  if (int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    bool live = connect(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    close(probe);
+    if (live) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.socket_path,
+                                                 ": address in use (another segment answers "
+                                                 "there)"));
+    }
+  }
   unlink(options_.socket_path.c_str());
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
@@ -82,8 +112,23 @@ absl::Status ShmAdmission::Start() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.socket_path, ": ",
                                                std::strerror(error)));
   }
-  // Other users may need to connect; admission is decided by their credentials, not the mode.
-  chmod(options_.socket_path.c_str(), 0777);
+  // Only the owner (and the allowed group) may reach the socket at all; admission is then
+  // decided by the peer's credentials.
+  mode_t mode = options_.any_uid ? 0666 : 0600;
+  if (options_.group != static_cast<gid_t>(-1)) {
+    if (chown(options_.socket_path.c_str(), static_cast<uid_t>(-1), options_.group) != 0) {
+      int error = errno;
+      close(listen_fd_);
+      listen_fd_ = -1;
+      unlink(options_.socket_path.c_str());
+      return absl::PermissionDeniedError(absl::StrCat("cannot give ", options_.socket_path,
+                                                      " to group ", options_.group, ": ",
+                                                      std::strerror(error)));
+    }
+    mode |= 0060;
+  }
+  chmod(options_.socket_path.c_str(), mode);
+  fcntl(listen_fd_, F_SETFL, fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   stop_fd_ = eventfd(0, EFD_CLOEXEC);
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -100,39 +145,86 @@ void ShmAdmission::Stop() {
   unlink(options_.socket_path.c_str());
 }
 
-bool ShmAdmission::Admits(uid_t uid) const {
+bool ShmAdmission::Admits(const ucred& peer) const {
   if (options_.any_uid) return true;
-  if (options_.uids.empty()) return uid == 0 || uid == getuid();
-  return std::find(options_.uids.begin(), options_.uids.end(), uid) != options_.uids.end();
+  if (options_.group != static_cast<gid_t>(-1) && peer.gid == options_.group) return true;
+  if (options_.uids.empty()) return peer.uid == 0 || peer.uid == getuid();
+  return std::find(options_.uids.begin(), options_.uids.end(), peer.uid) != options_.uids.end();
 }
 
 void ShmAdmission::Loop() {
+  // Handshakes in progress: each peer's hello so far and its deadline, oldest first.
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+    uint8_t hello[wire::kShmHelloSize];
+    size_t got = 0;
+  };
+  std::deque<Pending> pending;
+  auto drop = [&](size_t i) {
+    close(pending[i].fd);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+  };
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0 && errno != EINTR) return;
-    if (fds[1].revents != 0) return;
-    if (fds[0].revents == 0) continue;
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Serve(fd);
-    close(fd);
+    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    for (const Pending& peer : pending) fds.push_back({peer.fd, POLLIN, 0});
+    int timeout_ms = -1;
+    if (!pending.empty()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(pending.front().deadline - absl::Now()) + 1, 0, 1000));
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
+    if (fds[1].revents != 0) break;
+    // Hellos that arrived (walk backwards: answered peers leave the list).
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (fds[i + 2].revents == 0) continue;
+      Pending& peer = pending[i];
+      ssize_t n = recv(peer.fd, peer.hello + peer.got, sizeof(peer.hello) - peer.got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (n <= 0) {
+        drop(i);
+        continue;
+      }
+      peer.got += static_cast<size_t>(n);
+      if (peer.got == sizeof(peer.hello)) {
+        Serve(peer.fd, peer.hello);
+        drop(i);
+      }
+    }
+    absl::Time now = absl::Now();
+    while (!pending.empty() && pending.front().deadline <= now) {
+      timed_out_.fetch_add(1);
+      drop(0);
+    }
+    if (fds[0].revents != 0) {
+      while (true) {
+        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;  // EAGAIN, or EMFILE and the like: poll again (with a pause)
+        if (pending.size() >= options_.max_pending) {
+          timed_out_.fetch_add(1);
+          drop(0);
+        }
+        pending.push_back(Pending{fd, now + options_.handshake_timeout});
+      }
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        usleep(10000);  // out of descriptors: do not spin on the listening socket
+      }
+    }
   }
+  for (const Pending& peer : pending) close(peer.fd);
 }
 
-void ShmAdmission::Serve(int fd) {
-  timeval timeout{1, 0};  // a silent client cannot hold the admission thread for long
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  uint8_t hello[wire::kShmHelloSize];
-  if (recv(fd, hello, sizeof(hello), MSG_WAITALL) != static_cast<ssize_t>(sizeof(hello))) return;
+void ShmAdmission::Serve(int fd, const uint8_t* hello) {
   wire::ShmAnswer answer;
   ucred peer{};
   socklen_t length = sizeof(peer);
   if (absl::Status valid = wire::DecodeShmHello(hello); !valid.ok()) {
     answer.status = v1::INVALID_PARAMS;
     answer.reason = std::string(valid.message());
-  } else if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 || !Admits(peer.uid)) {
+  } else if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 || !Admits(peer)) {
     answer.status = v1::PERMISSION_DENIED;
-    answer.reason = absl::StrCat("uid ", peer.uid, " is not admitted to this segment's shared memory");
+    answer.reason = absl::StrCat("uid ", peer.uid, " (gid ", peer.gid,
+                                 ") is not admitted to this segment's shared memory");
   } else {
     answer.pool_size = pool_.size();
     answer.incarnation = options_.incarnation;
@@ -140,12 +232,18 @@ void ShmAdmission::Serve(int fd) {
   if (answer.status == 0) {
     if (SendWithFd(fd, wire::EncodeShmAnswer(answer), pool_.fd())) {
       admitted_.fetch_add(1);
-      KVPOOL_LOG(DEBUG) << "admitted pid " << peer.pid << " (uid " << peer.uid
-                        << ") to shared memory";
+      KVPOOL_LOG(INFO) << "admitted pid " << peer.pid << " (uid " << peer.uid << ", gid "
+                       << peer.gid << ") to shared memory";
     }
   } else {
     refused_.fetch_add(1);
-    KVPOOL_LOG(INFO) << "refused shared memory to pid " << peer.pid << ": " << answer.reason;
+    // At most one line a second: a peer that connects in a loop costs a counter, not a log.
+    absl::Time now = absl::Now();
+    if (now >= next_refusal_log_) {
+      next_refusal_log_ = now + absl::Seconds(1);
+      KVPOOL_LOG(INFO) << "refused shared memory to pid " << peer.pid << ": " << answer.reason
+                       << " (" << refused_.load() << " refusals so far)";
+    }
     SendWithFd(fd, wire::EncodeShmAnswer(answer), -1);
   }
 }

@@ -60,6 +60,7 @@ absl::StatusOr<SegmentProcess> StartSegment(const std::string& master, const std
   segment.name = Field(*line, "name");
   segment.data = Field(*line, "data");
   segment.http = Field(*line, "http");
+  segment.shm = Field(*line, "shm");
   if (std::string shm = Field(*line, "shm"); shm != "none") segment.shm_socket = FileRemover(shm);
   absl::StatusOr<std::string> mounted =
       (*process)->WaitForLine("kvpool-segment mounted", kStartTimeout);

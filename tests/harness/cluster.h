@@ -52,6 +52,7 @@ struct SegmentProcess {
   std::string name;
   std::string data;  // data-plane endpoint
   std::string http;
+  std::string shm;   // shared-memory socket path, or "none"
 };
 
 // Starts kvpool-segment with a pool of `size` ("64MiB") and waits until it is mounted.

@@ -21,7 +21,9 @@
 //                       (LEASE_EXPIRED): try again.
 //   InvalidArgument     empty or too long key, size 0 or larger than any segment.
 //   OutOfRange          (get) the buffers are smaller than the object.
-//   Unavailable         the master or segment could not be reached (RPC_FAIL, TRANSFER_FAIL).
+//   Unavailable         the master or segment could not be reached (RPC_FAIL, TRANSFER_FAIL);
+//                       (put) WRITE_FAIL: committed, but a replica's segment did not record
+//                       it durably in time (retried 3 times first): put again later.
 //   DeadlineExceeded    the call ran past its deadline.
 //   PermissionDenied    a segment refused the request's capability token.
 
@@ -75,8 +77,11 @@ struct ClientOptions {
   TransportKind transport = TransportKind::kAuto;
   // RDMA device for kAuto/kRdma: a name, or empty for the first one found.
   std::string rdma_device;
-  // Check every value read against its writer's checksum (see GetOptions).
-  bool verify_checksums = false;
+  // Check every value read against its writer's checksum (XXH3-64): a value whose bytes
+  // differ is DataLoss (CHECKSUM_MISMATCH), never returned as OK. On by default; turning it
+  // off trades that guarantee for the hashing cost (docs/benchmarks.md), and reads that
+  // outlast their lease or use a cached location are still checked.
+  bool verify_checksums = true;
   // Reuse the master's answer for a key (where its replicas are) while the lease that answer
   // granted has more than 2 s to run, instead of asking again: a repeated get then costs one
   // data-plane round trip. The lease keeps the object from being evicted or removed
@@ -104,8 +109,8 @@ struct PutOptions {
 };
 
 struct GetOptions {
-  // Check the bytes read against the writer's checksum: DataLoss (CHECKSUM_MISMATCH) if they
-  // differ. A read that outlasts its lease is always checked.
+  // Check the bytes read against the writer's checksum even where
+  // ClientOptions::verify_checksums is off: DataLoss (CHECKSUM_MISMATCH) if they differ.
   bool verify_checksum = false;
 };
 

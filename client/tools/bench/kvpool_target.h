@@ -35,7 +35,7 @@ struct KvpoolTargetOptions {
   std::string transport_name = "auto";
   int connections_per_segment = 2;
   bool shared_client = true;
-  bool verify_checksums = false;
+  bool verify_checksums = true;
   bool cache_locations = true;
 };
 

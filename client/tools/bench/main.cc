@@ -61,7 +61,9 @@ ABSL_FLAG(uint64_t, iterations, 0,
           "Measured calls per thread instead of --duration (0: use --duration)");
 ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "Untimed calls before each measurement");
 ABSL_FLAG(std::string, transport, "auto", "kvpool's data transport: auto, tcp, shm or rdma");
-ABSL_FLAG(bool, verify_checksums, false, "kvpool gets check every value's checksum");
+ABSL_FLAG(bool, verify_checksums, true,
+          "kvpool gets check every value's checksum (the client's default; false to measure "
+          "what it costs)");
 ABSL_FLAG(bool, cache_locations, true,
           "kvpool clients reuse the master's answers under their lease "
           "(ClientOptions::cache_locations)");

@@ -1,0 +1,151 @@
+#include "server/segment/grant_table.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "proto/capability.h"
+
+namespace kvpool::segment {
+namespace {
+
+// Ended grants are pruned (those whose tokens all expired) once this many were added.
+constexpr uint64_t kPruneEvery = 4096;
+// Clocks of master and segment may differ a little.
+constexpr absl::Duration kClockSlack = absl::Seconds(5);
+
+}  // namespace
+
+bool GrantTable::Write::Land(absl::FunctionRef<void()> land) {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return false;
+  if (absl::Now() > expiry_) {
+    ended_ = true;
+    return false;
+  }
+  land();
+  return true;
+}
+
+void GrantTable::Write::End() {
+  absl::MutexLock lock(&mu_);  // waits for a Land in progress
+  ended_ = true;
+}
+
+GrantTable::GrantTable(std::string secret, bool require_token, size_t max_ended)
+    : require_token_(require_token), max_ended_(std::max<size_t>(max_ended, 4)),
+      secret_(std::move(secret)) {}
+
+absl::Status GrantTable::CheckLocked(const wire::RequestHeader& request, absl::Time now) const {
+  if (!require_token_) return absl::OkStatus();
+  absl::Status granted = wire::VerifyToken(secret_, request, now);
+  if (!granted.ok()) return granted;
+  uint64_t grant = wire::TokenGrant(request.token);
+  if (grant != 0 && wire::TokenExpiry(request.token) <= refused_through_) {
+    return absl::FailedPreconditionError(
+        "this token's grant may have ended and is no longer remembered (the segment's table of "
+        "ended grants overflowed); ask the master for a new token");
+  }
+  if (auto it = ended_.find(grant); grant != 0 && it != ended_.end()) {
+    if (request.opcode == wire::Opcode::kWrite) {
+      return absl::FailedPreconditionError(
+          "the grant of this token has ended (committed, revoked, reclaimed or removed)");
+    }
+    if (!it->second.writes_only) {
+      return absl::FailedPreconditionError(
+          "the grant of this token has ended (the object was removed or evicted)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrantTable::CheckRead(const wire::RequestHeader& request, absl::Time now) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckLocked(request, now);
+}
+
+absl::StatusOr<std::shared_ptr<GrantTable::Write>> GrantTable::BeginWrite(
+    const wire::RequestHeader& request, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status checked = CheckLocked(request, now); !checked.ok()) return checked;
+  uint64_t grant = require_token_ ? wire::TokenGrant(request.token) : 0;
+  absl::Time expiry = require_token_ ? wire::TokenExpiry(request.token) : absl::InfiniteFuture();
+  std::shared_ptr<Write> write(new Write(grant, expiry));
+  writes_.emplace(grant, write);
+  return write;
+}
+
+void GrantTable::EndWrite(const std::shared_ptr<Write>& write) {
+  absl::MutexLock lock(&mu_);
+  auto [first, last] = writes_.equal_range(write->grant());
+  for (auto it = first; it != last; ++it) {
+    if (it->second == write) {
+      writes_.erase(it);
+      return;
+    }
+  }
+}
+
+void GrantTable::End(uint64_t grant, bool writes_only, absl::Time until) {
+  if (grant == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = ended_.try_emplace(grant, Ended{writes_only, until});
+  if (!inserted) {
+    it->second.writes_only = it->second.writes_only && writes_only;
+    it->second.until = std::max(it->second.until, until);
+  }
+  auto [first, last] = writes_.equal_range(grant);
+  for (auto write = first; write != last; ++write) write->second->End();
+  if (++ends_since_prune_ >= kPruneEvery || ended_.size() > max_ended_) {
+    PruneLocked(absl::Now());
+  }
+  if (ended_.size() > max_ended_) ForgetEarliestLocked();
+}
+
+void GrantTable::ForgetEarliestLocked() {
+  std::vector<absl::Time> untils;
+  untils.reserve(ended_.size());
+  for (const auto& [grant, ended] : ended_) untils.push_back(ended.until);
+  // The quarter with the earliest expiries goes, ties included.
+  size_t cut = std::max<size_t>(1, untils.size() / 4) - 1;
+  std::nth_element(untils.begin(), untils.begin() + cut, untils.end());
+  absl::Time through = untils[cut];
+  size_t before = ended_.size();
+  absl::erase_if(ended_, [through](const auto& entry) { return entry.second.until <= through; });
+  overflowed_ += before - ended_.size();
+  refused_through_ = std::max(refused_through_, through);
+}
+
+void GrantTable::NewTerm(std::string secret) {
+  absl::MutexLock lock(&mu_);
+  secret_ = std::move(secret);
+  ended_.clear();  // tokens of the old term no longer verify at all
+  refused_through_ = absl::InfinitePast();
+  for (auto& [grant, write] : writes_) write->End();
+}
+
+void GrantTable::PruneLocked(absl::Time now) {
+  ends_since_prune_ = 0;
+  absl::erase_if(ended_, [now](const auto& entry) { return entry.second.until + kClockSlack < now; });
+}
+
+std::string GrantTable::secret() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return secret_;
+}
+
+size_t GrantTable::ended_count() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return ended_.size();
+}
+
+uint64_t GrantTable::ended_overflowed() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return overflowed_;
+}
+
+size_t GrantTable::writes_in_flight() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return writes_.size();
+}
+
+}  // namespace kvpool::segment

@@ -1,0 +1,110 @@
+#pragma once
+
+// Which capability tokens this segment honours: the fence between the master's decisions and
+// the bytes of the pool (docs/semantics.md, "Grants").
+//
+// A token is honoured only if it verifies under the secret of the current term (the segment
+// draws a new secret every time it mounts, so a token of an earlier master, or of an earlier
+// mount, is refused), has not expired, and names a grant the master has not ended since. The
+// master ends a grant with the manifest records it sends (ADD ends its writes at commit;
+// FORGET ends it altogether at revoke, expiry, remove, eviction) and reuses the range only
+// once the segment has applied the record. A write in flight when its grant ends, its token
+// expires or the term changes lands no further byte: its payload is moved into the pool only
+// through Write::Land, which End waits out. Thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/frame.h"
+
+namespace kvpool::segment {
+
+class GrantTable {
+ public:
+  // A write whose header was accepted and whose payload is arriving.
+  class Write {
+   public:
+    // Runs `land` (which moves payload bytes into the pool) if the grant is still open and
+    // its token unexpired; false, and nothing runs, once either is over (for good).
+    bool Land(absl::FunctionRef<void()> land) ABSL_LOCKS_EXCLUDED(mu_);
+    uint64_t grant() const { return grant_; }
+
+   private:
+    friend class GrantTable;
+    Write(uint64_t grant, absl::Time expiry) : grant_(grant), expiry_(expiry) {}
+    void End() ABSL_LOCKS_EXCLUDED(mu_);
+
+    const uint64_t grant_;
+    const absl::Time expiry_;
+    absl::Mutex mu_;
+    bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+  // Ended grants remembered at most, by default (about 64 bytes each).
+  static constexpr size_t kDefaultMaxEnded = 1 << 18;
+
+  // `require_token` false (tests, benchmarks): tokens are not verified, grant 0 never ends.
+  //
+  // Memory is bounded: an ended grant is remembered only until its last token expires
+  // (pruned every few thousand ends), and never more than `max_ended` of them. Past the cap
+  // (a commit rate beyond max_ended per put timeout), after pruning, the quarter with the
+  // earliest expiries is forgotten and every token expiring no later than the last of them
+  // is refused from then on (FailedPrecondition, counted in ended_overflowed()): forgetting
+  // an ended grant never reopens it, at worst an open grant's old token must be renewed.
+  GrantTable(std::string secret, bool require_token = true, size_t max_ended = kDefaultMaxEnded);
+
+  // The request's token verifies, is unexpired and names a grant still open for it.
+  // PermissionDenied for a token not minted for this request under the current term,
+  // DeadlineExceeded for an expired one, FailedPrecondition for a grant the master ended.
+  absl::Status CheckRead(const wire::RequestHeader& request, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same checks for a write; the write stays in flight until EndWrite.
+  absl::StatusOr<std::shared_ptr<Write>> BeginWrite(const wire::RequestHeader& request,
+                                                    absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndWrite(const std::shared_ptr<Write>& write) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends `grant` (its writes only, or reads too) until `until`, when no token of it is valid
+  // any more. Returns once no write of it can land another byte.
+  void End(uint64_t grant, bool writes_only, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
+  // A new term: tokens verify under `secret` only from now on, and every write in flight
+  // ends. Returns once none can land another byte.
+  void NewTerm(std::string secret) ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::string secret() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ended grants remembered now, and writes in flight.
+  size_t ended_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t writes_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ended grants forgotten before their tokens expired because the table was full.
+  uint64_t ended_overflowed() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Ended {
+    bool writes_only = true;
+    absl::Time until;
+  };
+  absl::Status CheckLocked(const wire::RequestHeader& request, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void PruneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetEarliestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const bool require_token_;
+  const size_t max_ended_;
+  mutable absl::Mutex mu_;
+  std::string secret_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Ended> ended_ ABSL_GUARDED_BY(mu_);
+  std::unordered_multimap<uint64_t, std::shared_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
+  uint64_t ends_since_prune_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tokens expiring at or before this are refused (grants forgotten past the cap).
+  absl::Time refused_through_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t overflowed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvpool::segment

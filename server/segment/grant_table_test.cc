@@ -1,0 +1,176 @@
+#include "server/segment/grant_table.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "proto/capability.h"
+
+namespace kvpool::segment {
+namespace {
+
+wire::RequestHeader Request(const std::string& secret, wire::Opcode opcode, uint64_t grant,
+                            absl::Time expiry = absl::Now() + absl::Minutes(1)) {
+  wire::RequestHeader header;
+  header.opcode = opcode;
+  header.offset = 4096;
+  header.length = 512;
+  header.token = wire::MintToken(secret, opcode, 4096, 512, expiry, grant);
+  return header;
+}
+
+TEST(GrantTableTest, EndedGrantsAreRefusedOthersServed) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  ASSERT_TRUE(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7), now).ok());
+  ASSERT_TRUE(grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 7), now).ok());
+
+  // A commit ends the writes only: reads of the object go on.
+  grants.End(7, /*writes_only=*/true, now + absl::Minutes(1));
+  EXPECT_EQ(grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 7), now).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7), now).ok());
+  // A remove ends it altogether.
+  grants.End(7, /*writes_only=*/false, now + absl::Minutes(1));
+  EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7), now).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A writes-only end after that does not reopen reads.
+  grants.End(7, /*writes_only=*/true, now + absl::Minutes(1));
+  EXPECT_FALSE(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7), now).ok());
+  // Other grants are untouched.
+  EXPECT_TRUE(grants.CheckRead(Request(secret, wire::Opcode::kRead, 8), now).ok());
+  EXPECT_TRUE(grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 8), now).ok());
+}
+
+TEST(GrantTableTest, GrantIdIsBoundByTheMac) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  wire::RequestHeader request = Request(secret, wire::Opcode::kWrite, 7);
+  grants.End(7, false, absl::Now() + absl::Minutes(1));
+  // Rewriting the grant id of an ended grant's token does not get it past the table.
+  request.token[8] ^= 1;
+  EXPECT_EQ(grants.BeginWrite(request, absl::Now()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(GrantTableTest, NewTermRefusesOldTokensAndEndsWritesInFlight) {
+  std::string old_secret = wire::NewCapabilitySecret();
+  GrantTable grants(old_secret);
+  absl::StatusOr<std::shared_ptr<GrantTable::Write>> write =
+      grants.BeginWrite(Request(old_secret, wire::Opcode::kWrite, 9), absl::Now());
+  ASSERT_TRUE(write.ok());
+  int landed = 0;
+  EXPECT_TRUE((*write)->Land([&] { ++landed; }));
+
+  std::string new_secret = wire::NewCapabilitySecret();
+  grants.NewTerm(new_secret);
+  EXPECT_FALSE((*write)->Land([&] { ++landed; }));
+  EXPECT_EQ(landed, 1);
+  EXPECT_EQ(grants.CheckRead(Request(old_secret, wire::Opcode::kRead, 9), absl::Now()).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(grants.CheckRead(Request(new_secret, wire::Opcode::kRead, 9), absl::Now()).ok());
+  grants.EndWrite(*write);
+  EXPECT_EQ(grants.writes_in_flight(), 0u);
+}
+
+TEST(GrantTableTest, EndWaitsForALandInProgressAndStopsLaterOnes) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  std::shared_ptr<GrantTable::Write> write =
+      *grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 11), absl::Now());
+  absl::Notification landing, release;
+  std::atomic<bool> land_finished{false};
+  std::thread writer([&] {
+    write->Land([&] {
+      landing.Notify();
+      release.WaitForNotification();
+      land_finished = true;
+    });
+  });
+  landing.WaitForNotification();
+  std::atomic<bool> ended{false};
+  std::thread ender([&] {
+    grants.End(11, /*writes_only=*/false, absl::Now() + absl::Minutes(1));
+    // End returns only once the land in progress is over.
+    EXPECT_TRUE(land_finished.load());
+    ended = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(ended.load());
+  release.Notify();
+  writer.join();
+  ender.join();
+  EXPECT_FALSE(write->Land([] { ADD_FAILURE() << "landed after its grant ended"; }));
+}
+
+TEST(GrantTableTest, AWriteWhoseTokenExpiresMidPayloadLandsNoMore) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  std::shared_ptr<GrantTable::Write> write = *grants.BeginWrite(
+      Request(secret, wire::Opcode::kWrite, 12, absl::Now() + absl::Milliseconds(100)),
+      absl::Now());
+  EXPECT_TRUE(write->Land([] {}));
+  absl::SleepFor(absl::Milliseconds(150));
+  EXPECT_FALSE(write->Land([] { ADD_FAILURE() << "landed after its token expired"; }));
+}
+
+TEST(GrantTableTest, EndedGrantsArePrunedOnceTheirTokensExpired) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time past = absl::Now() - absl::Minutes(1);
+  // Far more ends than the pruning period, of grants whose tokens all expired: the table
+  // does not grow with them.
+  for (uint64_t grant = 1; grant <= 20000; ++grant) grants.End(grant, false, past);
+  EXPECT_LT(grants.ended_count(), 4096u + 1);
+  EXPECT_EQ(grants.ended_overflowed(), 0u);
+  // Grants whose tokens are still live are kept.
+  absl::Time future = absl::Now() + absl::Minutes(1);
+  for (uint64_t grant = 100001; grant <= 100010; ++grant) grants.End(grant, false, future);
+  for (uint64_t grant = 1; grant <= 10000; ++grant) grants.End(grant, false, past);
+  EXPECT_GE(grants.ended_count(), 10u);
+  EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 100005, future), absl::Now())
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(GrantTableTest, EndedGrantsAreCappedAndAForgottenGrantStaysEnded) {
+  std::string secret = wire::NewCapabilitySecret();
+  constexpr size_t kCap = 100;
+  GrantTable grants(secret, /*require_token=*/true, kCap);
+  absl::Time now = absl::Now();
+  absl::Time base = now + absl::Minutes(1);
+  auto until = [base](uint64_t grant) { return base + absl::Milliseconds(grant); };
+  // Ten times the cap, all with live tokens (a commit rate beyond the cap per put timeout).
+  for (uint64_t grant = 1; grant <= 10 * kCap; ++grant) {
+    grants.End(grant, /*writes_only=*/false, until(grant));
+    ASSERT_LE(grants.ended_count(), kCap);
+  }
+  EXPECT_GT(grants.ended_overflowed(), 0u);
+  EXPECT_EQ(grants.ended_overflowed() + grants.ended_count(), 10 * kCap);
+  // Every ended grant is still refused, forgotten or not: reads and writes.
+  for (uint64_t grant = 1; grant <= 10 * kCap; ++grant) {
+    EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, grant, until(grant)), now)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition)
+        << grant;
+    EXPECT_EQ(grants.BeginWrite(Request(secret, wire::Opcode::kWrite, grant, until(grant)), now)
+                  .status()
+                  .code(),
+              absl::StatusCode::kFailedPrecondition)
+        << grant;
+  }
+  // An open grant whose token outlives the forgotten ones is served.
+  uint64_t open = 10 * kCap + 1;
+  EXPECT_TRUE(grants.CheckRead(Request(secret, wire::Opcode::kRead, open, until(open)), now).ok());
+  EXPECT_TRUE(
+      grants.BeginWrite(Request(secret, wire::Opcode::kWrite, open, until(open)), now).ok());
+  // A new term starts with nothing refused.
+  std::string next = wire::NewCapabilitySecret();
+  grants.NewTerm(next);
+  EXPECT_TRUE(grants.CheckRead(Request(next, wire::Opcode::kRead, 1, until(1)), now).ok());
+}
+
+}  // namespace
+}  // namespace kvpool::segment
