@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 
 namespace kvpool::client {
 namespace {
@@ -53,7 +54,9 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Tim
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  // A segment advertised as "localhost" is dialled on loopback even where no /etc/hosts says so.
+  const std::string dial = IsLocalhostName(host) ? "127.0.0.1" : host;
+  int rc = getaddrinfo(dial.c_str(), std::to_string(port).c_str(), &hints, &found);
   if (rc != 0) {
     return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": ", gai_strerror(rc)));
   }

@@ -1,12 +1,15 @@
 #include "common/net.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -39,6 +42,31 @@ std::string FormatHostPort(absl::string_view host, uint16_t port) {
   return absl::StrCat(host, ":", port);
 }
 
+namespace {
+
+// The first IPv4 address of an interface that is up and not loopback; 127.0.0.1 if none.
+std::string OwnInterfaceAddress() {
+  std::string found = "127.0.0.1";
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return found;
+  for (ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_UP) == 0 || (a->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof(text));
+    found = text;
+    break;
+  }
+  freeifaddrs(all);
+  return found;
+}
+
+}  // namespace
+
+bool IsLocalhostName(absl::string_view host) {
+  return absl::EqualsIgnoreCase(host, "localhost") || absl::EndsWithIgnoreCase(host, ".localhost");
+}
+
 absl::StatusOr<std::string> ResolveHost(absl::string_view host) {
   std::string name(host);
   in6_addr scratch;
@@ -46,11 +74,13 @@ absl::StatusOr<std::string> ResolveHost(absl::string_view host) {
       inet_pton(AF_INET6, name.c_str(), &scratch) == 1) {
     return name;
   }
+  if (IsLocalhostName(name)) return std::string("127.0.0.1");
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(name.c_str(), nullptr, &hints, &found); rc != 0) {
+    if (!name.empty() && name == LocalHostName()) return OwnInterfaceAddress();
     return absl::NotFoundError(absl::StrCat("host name \"", name, "\" does not resolve: ",
                                             gai_strerror(rc)));
   }

@@ -22,9 +22,16 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 // Inverse of ParseHostPort; brackets IPv6 literals.
 std::string FormatHostPort(absl::string_view host, uint16_t port);
 
-// An IP address literal for `host`: itself if it is one already ("10.0.0.5", "::1"), else the
-// first IPv4 (then IPv6) address the resolver gives for the name ("localhost" -> 127.0.0.1).
-// NotFound if the name does not resolve.
+// "localhost" or a name under ".localhost", in any case: loopback by definition (RFC 6761),
+// whatever /etc/hosts says (a minimal root has none).
+bool IsLocalhostName(absl::string_view host);
+
+// An IP address literal for `host`: itself if it is one already ("10.0.0.5", "::1"); 127.0.0.1
+// for "localhost" and names under ".localhost" without asking the resolver (RFC 6761: a
+// minimal root may have no /etc/hosts); else the first IPv4 (then IPv6) address the resolver
+// gives for the name. This machine's own host name, where the resolver does not know it, is the
+// first IPv4 address of an interface that is up and not loopback, else 127.0.0.1 (as glibc's
+// nss-myhostname answers). NotFound if any other name does not resolve.
 absl::StatusOr<std::string> ResolveHost(absl::string_view host);
 
 // This machine's host name ("localhost" if it cannot be read).

@@ -28,6 +28,8 @@ TEST(ResolveHostTest, KeepsLiteralsAndResolvesNames) {
   EXPECT_EQ(ResolveHost("10.1.2.3").value_or(""), "10.1.2.3");
   EXPECT_EQ(ResolveHost("::1").value_or(""), "::1");
   EXPECT_EQ(ResolveHost("localhost").value_or(""), "127.0.0.1");
+  EXPECT_EQ(ResolveHost("LocalHost").value_or(""), "127.0.0.1");
+  EXPECT_EQ(ResolveHost("engine-0.localhost").value_or(""), "127.0.0.1");
   absl::StatusOr<std::string> own = ResolveHost(LocalHostName());
   EXPECT_TRUE(own.ok()) << own.status();
   EXPECT_TRUE(absl::IsNotFound(ResolveHost("no-such-host.invalid").status()));

@@ -4,7 +4,11 @@
 // MooncakeDistributedStore API, with Mooncake's conventions, on top of it.
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <string>
+
+#include "common/net.h"
 #include "engine_plugin/python/engine_bindings.h"
 #include "engine_plugin/python/gpu_bindings.h"
 #include "engine_plugin/python/store_bindings.h"
@@ -17,6 +21,17 @@ PYBIND11_MODULE(_kvpool, m) {
   kvpool::engine::python::BindStore(m);
   kvpool::engine::python::BindEngine(m);
   kvpool::engine::python::BindGpu(m);
+
+  // One rule for which address a host name means, shared with the native store's setup:
+  // kvpool/store.py resolves Mooncake's local_hostname with it. ValueError if it does not resolve.
+  m.def(
+      "resolve_host",
+      [](const std::string& host) {
+        absl::StatusOr<std::string> ip = kvpool::ResolveHost(host);
+        if (!ip.ok()) throw py::value_error(std::string(ip.status().message()));
+        return *ip;
+      },
+      py::arg("host"));
 
   m.attr("NO_AVAILABLE_HANDLE") = static_cast<int>(kvpool::v1::NO_AVAILABLE_HANDLE);
   m.attr("OBJECT_NOT_FOUND") = static_cast<int>(kvpool::v1::OBJECT_NOT_FOUND);

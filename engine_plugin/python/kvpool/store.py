@@ -310,14 +310,9 @@ def _split_host(local_hostname):
 
 
 def _resolve(host):
-    """The address the native store binds for host: its first IPv4 address, else IPv6."""
-    for family in (socket.AF_INET, socket.AF_UNSPEC):
-        try:
-            return socket.getaddrinfo(host, None, family, proto=socket.IPPROTO_TCP)[0][4][0]
-        except OSError:
-            if family == socket.AF_UNSPEC:
-                raise
-    raise OSError(f"{host} does not resolve")
+    """The address the native store binds for host (common/net.h's ResolveHost: its first IPv4
+    address, else IPv6; "localhost" is 127.0.0.1 even without /etc/hosts)."""
+    return _kvpool.resolve_host(host)
 
 
 def _port_is_free(host_ip, port):

@@ -65,6 +65,18 @@ def test_every_call_on_a_store_never_set_up_fails_clearly():
             call()
 
 
+def test_local_hostname_resolves_like_the_native_store():
+    """One resolver for both halves: "localhost" is loopback without asking /etc/hosts (a
+    minimal root has none), this machine's own name always answers, a stranger's does not."""
+    from kvpool import _kvpool
+    assert _kvpool.resolve_host("localhost") == "127.0.0.1"
+    assert _kvpool.resolve_host("LOCALHOST") == "127.0.0.1"
+    assert _kvpool.resolve_host("10.1.2.3") == "10.1.2.3"
+    assert _kvpool.resolve_host(socket.gethostname())
+    with pytest.raises(ValueError, match="does not resolve"):
+        _kvpool.resolve_host("no-such-host.invalid")
+
+
 def test_setup_accepts_names_ports_dicts_and_unknown_features(pool):
     master = pool.master()
     for host in ("localhost", "127.0.0.1", socket.gethostname(), "localhost:0"):
