@@ -30,3 +30,14 @@ assert os.path.exists(os.path.join(target, "kvpool", "py.typed"))
 assert hasattr(kvpool, "detect_layout") or hasattr(kvpool, "TokenDatabase"), dir(kvpool)
 print("pip install ok:", kvpool.__version__, kvpool._kvpool.__file__)
 PY
+# The README's way on Debian 12, whose pip refuses system-wide installs (PEP 668): a virtual
+# environment that sees Debian's packages.
+venv="$target/venv"
+"$python" -m venv --system-site-packages "$venv"
+"$venv/bin/pip" install -q --no-build-isolation --no-deps "$repo"
+version=$(cd / && env -u PYTHONPATH "$venv/bin/kvpool" --version)
+[ "$version" = "$expected" ] || { echo "venv kvpool --version: '$version', expected '$expected'"; exit 1; }
+(cd / && env -u PYTHONPATH "$venv/bin/python" -c "
+import kvpool, kvpool.store
+assert kvpool.__file__.startswith('$venv'), kvpool.__file__
+print('venv pip install ok:', kvpool.__file__)")
