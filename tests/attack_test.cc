@@ -499,19 +499,31 @@ class ControlProxy {
   std::vector<std::thread> pumps_;
 };
 
-TEST_F(AttackTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
-  absl::StatusOr<MasterProcess> master =
-      testing::StartMaster({"--embedded-segment-size=0", "--segment-ttl=60s"});
-  ASSERT_TRUE(master.ok()) << master.status();
-  master_ = std::move(*master);
-  auto proxy = std::make_unique<ControlProxy>(master_.grpc);
-  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(proxy->address(), "16MiB");
-  ASSERT_TRUE(segment.ok()) << segment.status();
-  segment_ = std::move(*segment);
-  Connect();
-  ASSERT_TRUE(client_->Put("canary", "still here").ok());
+// A master (no embedded segment) and a 16 MiB segment that reaches it only through `proxy_`,
+// which the test cuts and heals; the client talks to both directly.
+class ControlPathTest : public AttackTest {
+ protected:
+  void StartPoolBehindProxy() {
+    absl::StatusOr<MasterProcess> master = testing::StartMaster(master_args_);
+    ASSERT_TRUE(master.ok()) << master.status();
+    master_ = std::move(*master);
+    proxy_ = std::make_unique<ControlProxy>(master_.grpc);
+    absl::StatusOr<SegmentProcess> segment = testing::StartSegment(proxy_->address(), "16MiB");
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    segment_ = std::move(*segment);
+    Connect();
+    ASSERT_TRUE(client_->Put("canary", "still here").ok());
+  }
 
-  proxy->Cut();
+  const std::vector<std::string> master_args_ = {"--embedded-segment-size=0",
+                                                 "--segment-ttl=60s"};
+  std::unique_ptr<ControlProxy> proxy_;
+};
+
+TEST_F(ControlPathTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
+  ASSERT_NO_FATAL_FAILURE(StartPoolBehindProxy());
+
+  proxy_->Cut();
   absl::Time started = absl::Now();
   absl::Status cut_put = client_->Put("during-cut", testing::RandomValue(kSize, 10));
   // Three attempts, each waiting out the master's manifest sync timeout (2 s).
@@ -519,7 +531,7 @@ TEST_F(AttackTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
   EXPECT_EQ(ToErrorCode(cut_put), v1::WRITE_FAIL) << cut_put;
   EXPECT_NE(cut_put.message().find("not yet durable"), absl::string_view::npos) << cut_put;
 
-  proxy->Heal();
+  proxy_->Heal();
   // Once healed, commits are acknowledged again, and those are durable: they survive a
   // master restart (the segment reports them from its manifest).
   ASSERT_TRUE(Eventually([&] { return client_->Put("after-heal", "durable").ok(); },
@@ -527,14 +539,14 @@ TEST_F(AttackTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
   std::string address = master_.grpc;
   master_.process->Signal(SIGKILL);
   master_.process->Wait();
-  master = testing::StartMaster({"--embedded-segment-size=0", "--segment-ttl=60s"}, address);
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(master_args_, address);
   ASSERT_TRUE(master.ok()) << master.status();
   master_ = std::move(*master);
   ASSERT_TRUE(segment_.process->WaitForLine("kvpool-segment mounted", absl::Seconds(20)).ok());
   ASSERT_TRUE(Eventually([&] { return client_->Exists("after-heal").value_or(false); },
                          absl::Seconds(10)));
   EXPECT_EQ(client_->Get("after-heal").value_or("<lost>"), "durable");
-  // The servers still serve (checked here: the proxy dies with this scope).
+  // The servers still serve others after the cut.
   EXPECT_EQ(client_->Get("canary").value_or("<lost>"), "still here");
   EXPECT_TRUE(client_->Put("after", "ok").ok());
   client_ = nullptr;
@@ -543,25 +555,16 @@ TEST_F(AttackTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
 // The same cut, for a removal: it is never acknowledged as OK before the segment dropped the
 // object from its manifest, and an acknowledged removal survives a master restart (the
 // object does not come back from the segment's manifest).
-TEST_F(AttackTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
-  std::vector<std::string> master_args = {"--embedded-segment-size=0", "--segment-ttl=60s"};
-  absl::StatusOr<MasterProcess> master = testing::StartMaster(master_args);
-  ASSERT_TRUE(master.ok()) << master.status();
-  master_ = std::move(*master);
-  auto proxy = std::make_unique<ControlProxy>(master_.grpc);
-  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(proxy->address(), "16MiB");
-  ASSERT_TRUE(segment.ok()) << segment.status();
-  segment_ = std::move(*segment);
-  Connect();
-  ASSERT_TRUE(client_->Put("canary", "still here").ok());
+TEST_F(ControlPathTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
+  ASSERT_NO_FATAL_FAILURE(StartPoolBehindProxy());
   ASSERT_TRUE(client_->Put("removed-in-cut", "must stay removed").ok());
   ASSERT_TRUE(client_->Put("removed-before-restart", "must stay removed too").ok());
 
-  proxy->Cut();
+  proxy_->Cut();
   absl::Status cut_remove = client_->Remove("removed-in-cut");
   EXPECT_EQ(ToErrorCode(cut_remove), v1::WRITE_FAIL) << cut_remove;
   EXPECT_NE(cut_remove.message().find("not yet durable"), absl::string_view::npos) << cut_remove;
-  proxy->Heal();
+  proxy_->Heal();
 
   // Acknowledged removals are durable: the master is killed right after the OK.
   absl::Status put = absl::UnknownError("not tried");
@@ -575,7 +578,7 @@ TEST_F(AttackTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
   std::string address = master_.grpc;
   master_.process->Signal(SIGKILL);
   master_.process->Wait();
-  master = testing::StartMaster(master_args, address);
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(master_args_, address);
   ASSERT_TRUE(master.ok()) << master.status();
   master_ = std::move(*master);
   ASSERT_TRUE(segment_.process->WaitForLine("kvpool-segment mounted", absl::Seconds(20)).ok());
