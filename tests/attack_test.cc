@@ -33,6 +33,7 @@
 #include "proto/frame.h"
 #include "proto/shm_handshake.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/raw_tcp.h"
 #include "tests/harness/http_get.h"
 #include "tests/harness/values.h"
 
@@ -49,22 +50,6 @@ bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) 
     absl::SleepFor(absl::Milliseconds(20));
   }
   return condition();
-}
-
-int ConnectTcp(const std::string& endpoint) {
-  HostPort address = *ParseHostPort(endpoint);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(address.port);
-  inet_pton(AF_INET, address.host.c_str(), &sa.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 void SendAll(int fd, const void* data, size_t size) {
@@ -111,7 +96,7 @@ std::pair<int32_t, std::string> ReadAnswer(int fd) {
 std::pair<int32_t, std::string> RawWrite(const std::string& endpoint,
                                          const v1::Placement& placement,
                                          const std::string& bytes) {
-  int fd = ConnectTcp(endpoint);
+  int fd = testing::ConnectRawTcp(endpoint);
   SendHeader(fd, HeaderFor(wire::Opcode::kWrite, placement));
   SendAll(fd, bytes.data(), bytes.size());
   auto answer = ReadAnswer(fd);
@@ -121,7 +106,7 @@ std::pair<int32_t, std::string> RawWrite(const std::string& endpoint,
 
 std::pair<int32_t, std::string> RawRead(const std::string& endpoint,
                                         const v1::Placement& placement) {
-  int fd = ConnectTcp(endpoint);
+  int fd = testing::ConnectRawTcp(endpoint);
   SendHeader(fd, HeaderFor(wire::Opcode::kRead, placement));
   auto answer = ReadAnswer(fd);
   close(fd);
@@ -338,7 +323,7 @@ TEST_F(AttackTest, WriterPausedPastItsDeadlineLandsNothingInTheReusedRange) {
   StartCluster({"--put-timeout=2s"});
   uint64_t baseline = Used();
   v1::PutStartResult mine = Reserve("paused", kSize);
-  int fd = ConnectTcp(segment_.data);
+  int fd = testing::ConnectRawTcp(segment_.data);
   SendHeader(fd, HeaderFor(wire::Opcode::kWrite, mine.placements(0)));
   const std::string junk(kSize, 'P');
   SendAll(fd, junk.data(), kSize / 2);
@@ -390,7 +375,7 @@ TEST_F(AttackTest, CommitOfARangeNeverFullyWrittenIsRefused) {
   // Half written, the rest of the range holds older bytes.
   // (the writer sends the header of the whole range, half the payload, and hangs up).
   v1::PutStartResult half = Reserve("half", kSize);
-  int fd = ConnectTcp(segment_.data);
+  int fd = testing::ConnectRawTcp(segment_.data);
   SendHeader(fd, HeaderFor(wire::Opcode::kWrite, half.placements(0)));
   SendAll(fd, claimed.data(), kSize / 2);
   absl::SleepFor(absl::Milliseconds(200));
@@ -466,7 +451,7 @@ class ControlProxy {
         held_.push_back(client);
         continue;
       }
-      int server = ConnectTcp(target_);
+      int server = testing::ConnectRawTcp(target_);
       if (server < 0) {
         close(client);
         continue;
@@ -609,7 +594,7 @@ TEST_F(AttackTest, ExhaustedDescriptorsDoNotSpinAndServingResumes) {
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &tight, nullptr), 0);
   std::vector<int> hogs;
   for (int i = 0; i < 64; ++i) {
-    int fd = ConnectTcp(segment_.data);
+    int fd = testing::ConnectRawTcp(segment_.data);
     if (fd >= 0) hogs.push_back(fd);
   }
   absl::SleepFor(absl::Seconds(1));
@@ -627,8 +612,8 @@ TEST_F(AttackTest, ExhaustedDescriptorsDoNotSpinAndServingResumes) {
 // Idle, half-sent and 1-byte-per-second connections are closed; a connection cap holds.
 TEST_F(AttackTest, IdleSlowAndExcessConnectionsAreCutOff) {
   StartCluster({}, {"--idle-timeout=1s", "--request-timeout=1s", "--max-connections=8"});
-  int idle = ConnectTcp(segment_.data);
-  int slow = ConnectTcp(segment_.data);
+  int idle = testing::ConnectRawTcp(segment_.data);
+  int slow = testing::ConnectRawTcp(segment_.data);
   std::thread trickle([slow] {
     uint8_t bytes[wire::kRequestHeaderSize];
     wire::EncodeRequest({.opcode = wire::Opcode::kPing}, bytes);
@@ -647,7 +632,7 @@ TEST_F(AttackTest, IdleSlowAndExcessConnectionsAreCutOff) {
   close(slow);
 
   std::vector<int> many;
-  for (int i = 0; i < 12; ++i) many.push_back(ConnectTcp(segment_.data));
+  for (int i = 0; i < 12; ++i) many.push_back(testing::ConnectRawTcp(segment_.data));
   ASSERT_TRUE(Eventually(
       [&] { return Metric("kvpool_data_rejected_total{reason=\"connection_cap\"}") >= 4; },
       absl::Seconds(5)));

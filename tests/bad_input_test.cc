@@ -17,6 +17,7 @@
 #include "proto/error_codes.h"
 #include "proto/frame.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/raw_tcp.h"
 
 namespace kvpool {
 namespace {
@@ -49,15 +50,8 @@ class BadInputTest : public ::testing::Test {
   }
 
   int ConnectToSegment() {
-    HostPort address = *ParseHostPort(segment_.data);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    timeval timeout{5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(address.port);
-    inet_pton(AF_INET, address.host.c_str(), &sa.sin_addr);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    int fd = testing::ConnectRawTcp(segment_.data, absl::Seconds(5));
+    EXPECT_GE(fd, 0) << "cannot connect to " << segment_.data;
     return fd;
   }
 

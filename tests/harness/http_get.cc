@@ -10,23 +10,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "tests/harness/raw_tcp.h"
 
 namespace kvpool::testing {
 
 absl::StatusOr<HttpReply> HttpFetch(const std::string& address, const std::string& path) {
-  absl::StatusOr<HostPort> target = ParseHostPort(address);
-  if (!target.ok()) return target.status();
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(target->port);
-  inet_pton(AF_INET, target->host.c_str(), &sa.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
+  if (absl::StatusOr<HostPort> target = ParseHostPort(address); !target.ok()) {
+    return target.status();
   }
+  int fd = ConnectRawTcp(address, absl::Seconds(5));
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
   std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
                                      "\r\nConnection: close\r\n\r\n");
   send(fd, request.data(), request.size(), MSG_NOSIGNAL);
