@@ -16,4 +16,27 @@ uint64_t Checksum(absl::Span<const iovec> parts) {
   return XXH3_64bits_digest(&state);
 }
 
+struct ChecksumStream::State {
+  XXH3_state_t xxh3;
+};
+
+void ChecksumStream::Free::operator()(State* state) const {
+  XXH3_freeState(reinterpret_cast<XXH3_state_t*>(state));
+}
+
+// XXH3_createState allocates the state with the alignment it needs (64 bytes).
+ChecksumStream::ChecksumStream() : state_(reinterpret_cast<State*>(XXH3_createState())) {
+  Reset();
+}
+
+ChecksumStream::~ChecksumStream() = default;
+
+void ChecksumStream::Reset() { XXH3_64bits_reset(&state_->xxh3); }
+
+void ChecksumStream::Update(const void* data, size_t size) {
+  XXH3_64bits_update_dispatch(&state_->xxh3, data, size);
+}
+
+uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(&state_->xxh3); }
+
 }  // namespace kvpool::wire

@@ -1,5 +1,7 @@
 #include "server/segment/data_server.h"
 
+#include <sys/socket.h>
+
 #include <boost/asio.hpp>
 
 #include <array>
@@ -7,8 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/log_limiter.h"
 #include "server/common/listen.h"
 #include "proto/capability.h"
+#include "proto/checksum.h"
 #include "proto/error_codes.h"
 #include "proto/frame.h"
 #include "proto/rdma_handshake.h"
@@ -19,31 +23,6 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
 namespace {
-
-// At most one line a second per kind of event, with how many were not logged: a flood of
-// bad frames or failed accepts costs a counter increment each, not a log line.
-class LogLimiter {
- public:
-  // True when this event should be logged; `suppressed` says how many were not since.
-  bool Allow(uint64_t* suppressed) {
-    int64_t now = absl::GetCurrentTimeNanos();
-    int64_t next = next_ns_.load(std::memory_order_relaxed);
-    if (now < next || !next_ns_.compare_exchange_strong(next, now + 1'000'000'000)) {
-      skipped_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    *suppressed = skipped_.exchange(0, std::memory_order_relaxed);
-    return true;
-  }
-
- private:
-  std::atomic<int64_t> next_ns_{0};
-  std::atomic<uint64_t> skipped_{0};
-};
-
-std::string Suppressed(uint64_t n) {
-  return n == 0 ? "" : absl::StrCat(" (", n, " more like it not logged)");
-}
 
 // What every connection of a server shares.
 struct ServerState {
@@ -80,6 +59,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.non_blocking(true, ignored);
   }
   ~Connection() {
+    EndReads();
     if (write_) server_.grants.EndWrite(write_);
     server_.connections.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -117,8 +97,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (self->server_.close_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "closing data connection from " << self->peer_ << ": "
                             << (self->Buffered() == 0 && !self->write_ ? "idle" : "a request not done")
-                            << " for " << timeout << Suppressed(suppressed);
+                            << " for " << timeout << SuppressedNote(suppressed);
       }
+      self->EndReads();  // before the descriptor can be reused
       boost::system::error_code ignored;
       self->socket_.close(ignored);
     });
@@ -152,7 +133,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
           server_.close_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-request ("
                             << Buffered() << " bytes of a request): " << ec.message()
-                            << Suppressed(suppressed);
+                            << SuppressedNote(suppressed);
       }
       return;
     }
@@ -190,6 +171,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       uint8_t* range = server_.pool.data() + request_.offset;
       if (request_.opcode == wire::Opcode::kRead) {
         // Counted when the answer is queued: a client may have it before the write completes.
+        // In flight (reads_) until the answer is sent: ending its grant cuts the send.
         server_.reads.fetch_add(1, std::memory_order_relaxed);
         server_.bytes_read.fetch_add(request_.length, std::memory_order_relaxed);
         Queue(0, range, request_.length, &server_.read_latency);
@@ -203,7 +185,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       written_ = std::min<uint64_t>(Buffered(), request_.length);
       const uint8_t* buffered = input_.data() + begin_;
       begin_ += written_;
-      if (!write_->Land([&] { std::memcpy(range, buffered, written_); })) {
+      hash_.Reset();
+      if (!write_->Land([&] {
+            std::memcpy(range, buffered, written_);
+            if (hash_writes_) hash_.Update(range, written_);
+          })) {
         GrantEnded();
         break;
       }
@@ -234,6 +220,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       size_t n = 0;
       bool landed = write_->Land([&] {
         n = socket_.read_some(asio::buffer(range + written_, request_.length - written_), ec);
+        // Hashed while the bytes the kernel just copied are in this core's cache.
+        if (hash_writes_ && n > 0) hash_.Update(range + written_, n);
       });
       if (!landed) {
         GrantEnded();
@@ -251,7 +239,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (server_.close_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write ("
                             << written_ << " of " << request_.length
-                            << " bytes): " << ec.message() << Suppressed(suppressed);
+                            << " bytes): " << ec.message() << SuppressedNote(suppressed);
       }
       server_.grants.EndWrite(write_);
       write_.reset();
@@ -274,7 +262,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void WriteDone(size_t n) {
-    server_.grants.EndWrite(write_);
+    std::optional<GrantTable::Landed> landed;
+    if (hash_writes_) landed = GrantTable::Landed{request_.offset, n, hash_.Digest()};
+    server_.grants.EndWrite(write_, landed);
     write_.reset();
     server_.writes.fetch_add(1, std::memory_order_relaxed);
     server_.bytes_written.fetch_add(n, std::memory_order_relaxed);
@@ -299,7 +289,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       granted = begun.status();
       if (begun.ok()) write_ = *std::move(begun);
     } else {
-      granted = server_.grants.CheckRead(request_, absl::Now());
+      // Should the grant end while the answer is sent straight from the pool, the socket is
+      // shut down at once: no byte leaves the range after the segment applied the end.
+      absl::StatusOr<uint64_t> read =
+          server_.grants.BeginRead(request_, absl::Now(), [fd = socket_.native_handle()] {
+            ::shutdown(fd, SHUT_RDWR);
+          });
+      granted = read.status();
+      if (read.ok()) reads_.push_back(*read);
     }
     if (granted.ok()) return true;
     bool expired = granted.code() == absl::StatusCode::kDeadlineExceeded;
@@ -373,7 +370,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (server_.reject_log.Allow(&suppressed)) {
       KVPOOL_LOG(WARNING) << "rejected request from " << peer_ << " (" << ErrorCodeName(code)
                           << "): " << reason << "; closing the connection"
-                          << Suppressed(suppressed);
+                          << SuppressedNote(suppressed);
     }
     request_.request_id = request_id;
     QueueExtra(code, std::string(reason.substr(0, wire::kMaxErrorMessage)));
@@ -397,7 +394,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       });
   }
 
+  // The reads of the last round are sent (or the connection failed): their grants may end.
+  void EndReads() {
+    for (uint64_t read : reads_) server_.grants.EndRead(read);
+    reads_.clear();
+  }
+
   void OnFlushed(boost::system::error_code ec) {
+    EndReads();
     absl::Time now = absl::Now();
     for (const Answer& answer : answers_) {
       if (answer.latency != nullptr) answer.latency->Observe(now - answer.started);
@@ -423,8 +427,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The WRITE whose payload is arriving, and how much of it has landed.
   std::shared_ptr<GrantTable::Write> write_;
   uint64_t written_ = 0;
+  // The checksum of what of write_ has landed so far.
+  const bool hash_writes_ = server_.options.checksum_writes;
+  wire::ChecksumStream hash_;
   absl::Time write_started_;
   std::vector<Answer> answers_;
+  // Reads whose answers are queued or being sent (GrantTable::BeginRead).
+  std::vector<uint64_t> reads_;
   std::vector<asio::const_buffer> gather_;
   std::shared_ptr<void> queue_pair_;
   bool closing_ = false;
@@ -460,7 +469,7 @@ void DataServer::Impl::Accept() {
       state.accept_errors.fetch_add(1, std::memory_order_relaxed);
       if (state.accept_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "accept failed: " << ec.message() << "; backing off"
-                            << Suppressed(suppressed);
+                            << SuppressedNote(suppressed);
       }
       backoff.expires_after(std::chrono::milliseconds(50));
       backoff.async_wait([this](boost::system::error_code waited) {
@@ -472,7 +481,7 @@ void DataServer::Impl::Accept() {
       state.rejected_connection_cap.fetch_add(1, std::memory_order_relaxed);
       if (state.accept_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "refused a data connection: " << state.options.max_connections
-                            << " are open (--max-connections)" << Suppressed(suppressed);
+                            << " are open (--max-connections)" << SuppressedNote(suppressed);
       }
       boost::system::error_code ignored;
       socket.close(ignored);

@@ -7,7 +7,8 @@
 // its capability token must grant exactly that range and opcode, under the current term, for
 // a grant the master has not ended (GrantTable). A WRITE's payload lands only while its grant
 // is open: once it ends (revoke, reclaim, commit, remove, a new term) or its token expires,
-// no further byte is stored. A request that fails a check, or a header that does not decode,
+// no further byte is stored; each byte that lands is hashed as it lands (checksum_writes).
+// A request that fails a check, or a header that does not decode,
 // gets an error response with the reason and the connection is closed; other connections are
 // unaffected. Thread-safe.
 
@@ -49,6 +50,9 @@ struct DataServerOptions {
   // A request whose header or WRITE payload has begun to arrive must be complete within
   // this long (a 1-byte-per-second sender is cut off).
   absl::Duration request_timeout = absl::Seconds(30);
+  // Hash each WRITE's payload as it lands (XXH3, while the bytes are in cache) and leave the
+  // checksum with the grant table, so the commit check is a compare (GrantTable::End).
+  bool checksum_writes = true;
   // Creates a queue pair for a client's RDMA connect; unset: RDMA is off on this segment.
   std::function<absl::StatusOr<RdmaAccept>(const rdma::QueuePairInfo& client)> rdma_accept;
 };

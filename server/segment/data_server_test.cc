@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "proto/capability.h"
+#include "proto/checksum.h"
 #include "proto/error_codes.h"
 #include "proto/frame.h"
 
@@ -260,6 +261,53 @@ TEST_F(DataServerTest, GrantEndedMidPayloadLandsNoFurtherByte) {
   close(fd);
   EXPECT_EQ(server_->grants().writes_in_flight(), 0u);
   EXPECT_GE(server_->stats().rejected_ended, 2u);
+  ExpectStillServing();
+}
+
+// A WRITE's payload is hashed as it lands, in however many pieces the socket delivers it:
+// the commit's End gets the checksum of exactly the bytes in the range, and a write cut off
+// before its end leaves none (the commit check then hashes the range itself).
+TEST_F(DataServerTest, AWholeWriteLeavesTheChecksumOfItsBytesForTheCommit) {
+  constexpr uint64_t kOffset = 65536, kLength = 700 << 10;
+  std::string payload(kLength, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 + (i >> 11));
+  auto write = [&](uint64_t grant, uint64_t id) {
+    return wire::RequestHeader{
+        .opcode = wire::Opcode::kWrite,
+        .request_id = id,
+        .offset = kOffset,
+        .length = kLength,
+        .token = wire::MintToken(secret_, wire::Opcode::kWrite, kOffset, kLength,
+                                 absl::Now() + absl::Minutes(1), grant)};
+  };
+  int fd = Connect();
+  SendHeader(fd, write(0x77, 1));
+  // In pieces, with pauses, so the payload lands in several reads.
+  for (size_t at = 0; at < kLength; at += 100 << 10) {
+    SendBytes(fd, payload.data() + at, std::min<size_t>(100 << 10, kLength - at));
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(Response(fd).status, 0);
+  close(fd);
+  std::optional<GrantTable::Landed> landed =
+      server_->grants().End(0x77, /*writes_only=*/true, absl::Now() + absl::Minutes(1));
+  ASSERT_TRUE(landed.has_value());
+  iovec iov{payload.data(), payload.size()};
+  EXPECT_EQ(landed->offset, kOffset);
+  EXPECT_EQ(landed->length, kLength);
+  EXPECT_EQ(landed->checksum, wire::Checksum({&iov, 1}));
+
+  // Half a payload, then the writer hangs up.
+  fd = Connect();
+  SendHeader(fd, write(0x78, 2));
+  SendBytes(fd, payload.data(), kLength / 2);
+  absl::SleepFor(absl::Milliseconds(50));
+  close(fd);
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (server_->grants().writes_in_flight() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_FALSE(server_->grants().End(0x78, true, absl::Now() + absl::Minutes(1)).has_value());
   ExpectStillServing();
 }
 

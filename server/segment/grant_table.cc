@@ -63,31 +63,76 @@ absl::Status GrantTable::CheckRead(const wire::RequestHeader& request, absl::Tim
   return CheckLocked(request, now);
 }
 
+absl::StatusOr<uint64_t> GrantTable::BeginRead(const wire::RequestHeader& request,
+                                                absl::Time now, std::function<void()> cut) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status checked = CheckLocked(request, now); !checked.ok()) return checked;
+  uint64_t grant = require_token_ ? wire::TokenGrant(request.token) : 0;
+  uint64_t read = ++next_read_;
+  if (grant != 0) reads_.emplace(read, InFlightRead{grant, std::move(cut)});
+  return read;
+}
+
+void GrantTable::EndRead(uint64_t read) {
+  absl::MutexLock lock(&mu_);
+  reads_.erase(read);
+}
+
+void GrantTable::CutReadsLocked(bool all, uint64_t grant) {
+  absl::erase_if(reads_, [&](auto& entry) {
+    if (!all && entry.second.grant != grant) return false;
+    entry.second.cut();
+    ++reads_cut_;
+    return true;
+  });
+}
+
 absl::StatusOr<std::shared_ptr<GrantTable::Write>> GrantTable::BeginWrite(
     const wire::RequestHeader& request, absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (absl::Status checked = CheckLocked(request, now); !checked.ok()) return checked;
   uint64_t grant = require_token_ ? wire::TokenGrant(request.token) : 0;
   absl::Time expiry = require_token_ ? wire::TokenExpiry(request.token) : absl::InfiniteFuture();
-  std::shared_ptr<Write> write(new Write(grant, expiry));
+  std::shared_ptr<Write> write(
+      new Write(grant, expiry, ++next_write_seq_, /*alone=*/!writes_.contains(grant)));
   writes_.emplace(grant, write);
+  if (grant != 0) {
+    Written& written = written_[grant];
+    written.last_begun = write->seq_;
+    written.landed.reset();  // the range is changing
+  }
   return write;
 }
 
-void GrantTable::EndWrite(const std::shared_ptr<Write>& write) {
+void GrantTable::EndWrite(const std::shared_ptr<Write>& write, std::optional<Landed> landed) {
   absl::MutexLock lock(&mu_);
-  auto [first, last] = writes_.equal_range(write->grant());
+  const uint64_t grant = write->grant();
+  auto [first, last] = writes_.equal_range(grant);
   for (auto it = first; it != last; ++it) {
     if (it->second == write) {
       writes_.erase(it);
-      return;
+      break;
     }
+  }
+  auto written = written_.find(grant);
+  if (written == written_.end()) return;  // the grant's writes ended (End)
+  if (landed && write->alone_ && written->second.last_begun == write->seq_ &&
+      !writes_.contains(grant) && !ended_.contains(grant)) {
+    written->second.landed = landed;
+  } else {
+    written->second.landed.reset();
   }
 }
 
-void GrantTable::End(uint64_t grant, bool writes_only, absl::Time until) {
-  if (grant == 0) return;
+std::optional<GrantTable::Landed> GrantTable::End(uint64_t grant, bool writes_only,
+                                                  absl::Time until) {
+  if (grant == 0) return std::nullopt;
   absl::MutexLock lock(&mu_);
+  std::optional<Landed> landed;
+  if (auto written = written_.find(grant); written != written_.end()) {
+    landed = written->second.landed;
+    written_.erase(written);
+  }
   auto [it, inserted] = ended_.try_emplace(grant, Ended{writes_only, until});
   if (!inserted) {
     it->second.writes_only = it->second.writes_only && writes_only;
@@ -95,10 +140,12 @@ void GrantTable::End(uint64_t grant, bool writes_only, absl::Time until) {
   }
   auto [first, last] = writes_.equal_range(grant);
   for (auto write = first; write != last; ++write) write->second->End();
+  if (!writes_only && !reads_.empty()) CutReadsLocked(/*all=*/false, grant);
   if (++ends_since_prune_ >= kPruneEvery || ended_.size() > max_ended_) {
     PruneLocked(absl::Now());
   }
   if (ended_.size() > max_ended_) ForgetEarliestLocked();
+  return landed;
 }
 
 void GrantTable::ForgetEarliestLocked() {
@@ -120,7 +167,9 @@ void GrantTable::NewTerm(std::string secret) {
   secret_ = std::move(secret);
   ended_.clear();  // tokens of the old term no longer verify at all
   refused_through_ = absl::InfinitePast();
+  written_.clear();
   for (auto& [grant, write] : writes_) write->End();
+  CutReadsLocked(/*all=*/true, 0);
 }
 
 void GrantTable::PruneLocked(absl::Time now) {
@@ -141,6 +190,21 @@ size_t GrantTable::ended_count() const {
 uint64_t GrantTable::ended_overflowed() const {
   absl::ReaderMutexLock lock(&mu_);
   return overflowed_;
+}
+
+size_t GrantTable::grants_written() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return written_.size();
+}
+
+size_t GrantTable::reads_in_flight() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return reads_.size();
+}
+
+uint64_t GrantTable::reads_cut() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return reads_cut_;
 }
 
 size_t GrantTable::writes_in_flight() const {

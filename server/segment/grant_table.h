@@ -10,10 +10,16 @@
 // FORGET ends it altogether at revoke, expiry, remove, eviction) and reuses the range only
 // once the segment has applied the record. A write in flight when its grant ends, its token
 // expires or the term changes lands no further byte: its payload is moved into the pool only
-// through Write::Land, which End waits out. Thread-safe.
+// through Write::Land, which End waits out.
+//
+// A write that landed its whole payload, hashed as it landed, leaves its checksum with the
+// table (EndWrite); the commit's End hands it back, so checking a TCP commit is a compare,
+// not a second pass over the range. Thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -39,13 +45,23 @@ class GrantTable {
 
    private:
     friend class GrantTable;
-    Write(uint64_t grant, absl::Time expiry) : grant_(grant), expiry_(expiry) {}
+    Write(uint64_t grant, absl::Time expiry, uint64_t seq, bool alone)
+        : grant_(grant), expiry_(expiry), seq_(seq), alone_(alone) {}
     void End() ABSL_LOCKS_EXCLUDED(mu_);
 
     const uint64_t grant_;
     const absl::Time expiry_;
+    const uint64_t seq_;  // the order in which writes began
+    const bool alone_;    // no other write of the grant was in flight when it began
     absl::Mutex mu_;
     bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+  // What one write landed: its whole range and the checksum of the bytes as they landed.
+  struct Landed {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t checksum = 0;
   };
 
   // Ended grants remembered at most, by default (about 64 bytes each).
@@ -66,14 +82,33 @@ class GrantTable {
   // DeadlineExceeded for an expired one, FailedPrecondition for a grant the master ended.
   absl::Status CheckRead(const wire::RequestHeader& request, absl::Time now) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same check for a READ whose answer is then sent straight from the pool: the read is
+  // in flight until EndRead(the id returned). Ending its grant for reads (End, !writes_only)
+  // or a new term runs `cut`, which must stop the send for good before it returns (it shuts
+  // the connection's socket down); End returns only after that, so no byte leaves the range
+  // once the segment has applied the end and the master may reuse the range. `cut` runs
+  // under the table's lock: it must be quick and not call back into the table.
+  absl::StatusOr<uint64_t> BeginRead(const wire::RequestHeader& request, absl::Time now,
+                                     std::function<void()> cut) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndRead(uint64_t read) ABSL_LOCKS_EXCLUDED(mu_);
   // The same checks for a write; the write stays in flight until EndWrite.
   absl::StatusOr<std::shared_ptr<Write>> BeginWrite(const wire::RequestHeader& request,
                                                     absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
-  void EndWrite(const std::shared_ptr<Write>& write) ABSL_LOCKS_EXCLUDED(mu_);
+  // `landed`: the write landed all of its payload (through Land) and these are its bytes'
+  // checksum. Kept for the grant's End only if no other write of the grant overlapped this
+  // one (in flight when it began, or begun since) and the grant's writes have not ended; any
+  // other end of a write
+  // (landed or not) drops what the grant kept, since its bytes may have changed since.
+  void EndWrite(const std::shared_ptr<Write>& write,
+                std::optional<Landed> landed = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends `grant` (its writes only, or reads too) until `until`, when no token of it is valid
-  // any more. Returns once no write of it can land another byte.
-  void End(uint64_t grant, bool writes_only, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
+  // any more. Returns once no write of it can land another byte, with what its last write
+  // landed if that write is the last change to the range made through this table (see
+  // EndWrite); nullopt if none did (nothing, part or several writes landed, or the bytes came
+  // by shared memory or RDMA, which this table does not see).
+  std::optional<Landed> End(uint64_t grant, bool writes_only, absl::Time until)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A new term: tokens verify under `secret` only from now on, and every write in flight
   // ends. Returns once none can land another byte.
   void NewTerm(std::string secret) ABSL_LOCKS_EXCLUDED(mu_);
@@ -82,6 +117,11 @@ class GrantTable {
   // Ended grants remembered now, and writes in flight.
   size_t ended_count() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t writes_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t reads_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads cut because their grant ended (or a new term began) while they were being sent.
+  uint64_t reads_cut() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Grants with a write begun and not yet ended by End.
+  size_t grants_written() const ABSL_LOCKS_EXCLUDED(mu_);
   // Ended grants forgotten before their tokens expired because the table was full.
   uint64_t ended_overflowed() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -101,6 +141,22 @@ class GrantTable {
   std::string secret_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Ended> ended_ ABSL_GUARDED_BY(mu_);
   std::unordered_multimap<uint64_t, std::shared_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
+  // Per grant written since it opened (until End): the last write begun, and what it landed.
+  struct Written {
+    uint64_t last_begun = 0;
+    std::optional<Landed> landed;
+  };
+  absl::flat_hash_map<uint64_t, Written> written_ ABSL_GUARDED_BY(mu_);
+  // Reads in flight, by id: their grant and how to cut them.
+  struct InFlightRead {
+    uint64_t grant = 0;
+    std::function<void()> cut;
+  };
+  absl::flat_hash_map<uint64_t, InFlightRead> reads_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_read_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reads_cut_ ABSL_GUARDED_BY(mu_) = 0;
+  void CutReadsLocked(bool all, uint64_t grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ends_since_prune_ ABSL_GUARDED_BY(mu_) = 0;
   // Tokens expiring at or before this are refused (grants forgotten past the cap).
   absl::Time refused_through_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

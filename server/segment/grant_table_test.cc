@@ -174,3 +174,87 @@ TEST(GrantTableTest, EndedGrantsAreCappedAndAForgottenGrantStaysEnded) {
 
 }  // namespace
 }  // namespace kvpool::segment
+
+namespace kvpool::segment {
+namespace {
+
+// A write that landed its whole payload leaves its checksum for the commit's End; anything
+// that may have changed the range since (another write begun or still in flight, a write
+// that did not land in full) leaves none, so the commit check hashes the range instead.
+TEST(GrantTableLandedTest, OneWholeWriteHandsItsChecksumToTheCommit) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  absl::Time until = now + absl::Minutes(1);
+  const GrantTable::Landed landed{4096, 512, 0xfeed};
+
+  auto write = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 11), now);
+  ASSERT_TRUE(write.ok());
+  grants.EndWrite(*write, landed);
+  std::optional<GrantTable::Landed> got = grants.End(11, /*writes_only=*/true, until);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->offset, 4096u);
+  EXPECT_EQ(got->length, 512u);
+  EXPECT_EQ(got->checksum, 0xfeedu);
+  // Handed out once: a second End (the FORGET of a later remove) gets nothing.
+  EXPECT_FALSE(grants.End(11, /*writes_only=*/false, until).has_value());
+  EXPECT_EQ(grants.grants_written(), 0u);
+}
+
+TEST(GrantTableLandedTest, AWriteThatDidNotLandInFullLeavesNothing) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  auto whole = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 12), now);
+  grants.EndWrite(*whole, GrantTable::Landed{4096, 512, 1});
+  // A second write of the same grant, cut off mid-payload: the range is no longer what the
+  // first one hashed.
+  auto partial = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 12), now);
+  grants.EndWrite(*partial);
+  EXPECT_FALSE(grants.End(12, true, now + absl::Minutes(1)).has_value());
+}
+
+TEST(GrantTableLandedTest, OverlappingWritesOfOneGrantLeaveNothing) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  // The first write ends after the second began and ended: either may have landed last.
+  auto first = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 13), now);
+  auto second = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 13), now);
+  grants.EndWrite(*second, GrantTable::Landed{4096, 512, 2});
+  grants.EndWrite(*first, GrantTable::Landed{4096, 512, 1});
+  EXPECT_FALSE(grants.End(13, true, now + absl::Minutes(1)).has_value());
+  // The second ends last, but the first was still in flight when it did.
+  first = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 14), now);
+  second = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 14), now);
+  grants.EndWrite(*first, GrantTable::Landed{4096, 512, 1});
+  grants.EndWrite(*second, GrantTable::Landed{4096, 512, 2});
+  EXPECT_FALSE(grants.End(14, true, now + absl::Minutes(1)).has_value());
+  // One after the other: the last one's checksum.
+  first = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 15), now);
+  grants.EndWrite(*first, GrantTable::Landed{4096, 512, 1});
+  second = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 15), now);
+  grants.EndWrite(*second, GrantTable::Landed{4096, 512, 2});
+  std::optional<GrantTable::Landed> got = grants.End(15, true, now + absl::Minutes(1));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->checksum, 2u);
+}
+
+TEST(GrantTableLandedTest, AWriteEndingAfterItsGrantEndedOrANewTermLeavesNothing) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  // Still in flight at the commit: nothing to hand over, and nothing kept after it.
+  auto late = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 16), now);
+  EXPECT_FALSE(grants.End(16, true, now + absl::Minutes(1)).has_value());
+  grants.EndWrite(*late, GrantTable::Landed{4096, 512, 3});
+  EXPECT_EQ(grants.grants_written(), 0u);
+  // A new term forgets what landed under the old one.
+  auto old = grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 17), now);
+  grants.EndWrite(*old, GrantTable::Landed{4096, 512, 4});
+  grants.NewTerm(wire::NewCapabilitySecret());
+  EXPECT_FALSE(grants.End(17, true, now + absl::Minutes(1)).has_value());
+}
+
+}  // namespace
+}  // namespace kvpool::segment

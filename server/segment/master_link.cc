@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/log_limiter.h"
 #include "common/net.h"
 #include "grpcpp/grpcpp.h"
 #include "kvpool/v1/master.grpc.pb.h"
@@ -183,24 +184,40 @@ absl::Status MasterLink::Heartbeat() {
       // A commit is checked once its writes ended (no byte of the grant can land after
       // that): the range must hold the bytes of the checksum the writer declared. Else it
       // is refused, its grant ended for reads too, and it never enters the manifest.
-      grants_.End(record.grant(), /*writes_only=*/add, until);
+      std::optional<GrantTable::Landed> landed =
+          grants_.End(record.grant(), /*writes_only=*/add, until);
       if (add && record.checksum() != 0 && options_.holds_bytes &&
-          !options_.holds_bytes(record.offset(), record.size(), record.checksum())) {
+          !HoldsBytes(record, landed)) {
         grants_.End(record.grant(), /*writes_only=*/false, until);
         refused_seqs_.push_back(seq);
+        commits_refused_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
       applied.push_back(record);
     }
-    if (!refused_seqs_.empty() && absl::Now() - last_refusal_log_ >= absl::Seconds(1)) {
-      last_refusal_log_ = absl::Now();  // at most a line a second
+    uint64_t suppressed = 0;
+    if (!refused_seqs_.empty() && refusal_log_.Allow(&suppressed)) {
       KVPOOL_LOG(WARNING) << "refused " << refused_seqs_.size()
-                          << " commits whose ranges do not hold the bytes of their checksums";
+                          << " commits whose ranges do not hold the bytes of their checksums"
+                          << SuppressedNote(suppressed);
     }
     manifest_.Apply(applied);
     acked_seq_ = response.last_seq();
   }
   return absl::OkStatus();
+}
+
+bool MasterLink::HoldsBytes(const v1::ManifestRecord& record,
+                            const std::optional<GrantTable::Landed>& landed) {
+  // A TCP write hashed its bytes as they landed, and nothing has changed the range through
+  // the data plane since: a compare. Else (shared memory, RDMA, several or partial writes)
+  // the range is hashed now.
+  if (landed && landed->offset == record.offset() && landed->length == record.size()) {
+    commits_compared_.fetch_add(1, std::memory_order_relaxed);
+    return landed->checksum == record.checksum();
+  }
+  commits_hashed_.fetch_add(1, std::memory_order_relaxed);
+  return options_.holds_bytes(record.offset(), record.size(), record.checksum());
 }
 
 void MasterLink::Unmount() {

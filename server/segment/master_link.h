@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/log_limiter.h"
 #include "server/segment/grant_table.h"
 #include "server/segment/manifest.h"
 
@@ -44,7 +46,9 @@ struct MasterLinkOptions {
   bool print_mounts = false;
   // Whether [offset, offset + size) of the pool holds bytes of this checksum. A commit (ADD
   // record) with a checksum whose range does not is refused back to the master instead of
-  // applied (docs/semantics.md, "Grants"). Unset: every commit is applied.
+  // applied (docs/semantics.md, "Grants"). Unset: every commit is applied. Called only for
+  // ranges the grant table has no landed checksum of (GrantTable::End): those written by
+  // shared memory or RDMA, or not in one whole TCP write.
   std::function<bool(uint64_t offset, uint64_t size, uint64_t checksum)> holds_bytes;
 };
 
@@ -65,6 +69,11 @@ class MasterLink {
   bool mounted() const { return mounted_.load(); }
   // Number of successful mounts so far (re-mounts after a master restart included).
   uint64_t mount_count() const { return mount_count_.load(); }
+  // Commits checked against holds_bytes: by comparing the checksum their TCP write landed
+  // with, by hashing the range; and those refused.
+  uint64_t commits_compared() const { return commits_compared_.load(); }
+  uint64_t commits_hashed() const { return commits_hashed_.load(); }
+  uint64_t commits_refused() const { return commits_refused_.load(); }
 
  private:
   struct Rpc;
@@ -72,6 +81,8 @@ class MasterLink {
   absl::Status Mount();
   absl::Status Heartbeat();
   void Unmount();
+  bool HoldsBytes(const v1::ManifestRecord& record,
+                  const std::optional<GrantTable::Landed>& landed);
 
   const MasterLinkOptions options_;
   Manifest& manifest_;
@@ -83,12 +94,13 @@ class MasterLink {
   grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::atomic<bool> mounted_{false};
   std::atomic<uint64_t> mount_count_{0};
+  std::atomic<uint64_t> commits_compared_{0}, commits_hashed_{0}, commits_refused_{0};
   // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t acked_seq_ = 0;
   // ADD records (by sequence number) refused and not yet reported to this master.
   std::vector<uint64_t> refused_seqs_;
-  absl::Time last_refusal_log_ = absl::InfinitePast();
+  LogLimiter refusal_log_;  // a line a second at most
   std::thread thread_;
 };
 

@@ -37,6 +37,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
                        << "); serving TCP and shared memory";
     }
   }
+  // Payloads are hashed as they land only where a commit will be checked against the hash.
+  options.data.checksum_writes = options.verify_commits && !options.master_address.empty();
   segment->server_ = std::make_unique<DataServer>(*segment->pool_, wire::NewCapabilitySecret(),
                                                   options.data);
   absl::StatusOr<uint16_t> port = segment->server_->Start(options.listen);

@@ -82,6 +82,8 @@ class Segment {
   const Manifest& manifest() const { return manifest_; }
   // Always true for an embedded segment.
   bool mounted() const { return link_ == nullptr || link_->mounted(); }
+  // Null for a segment embedded in the master.
+  const MasterLink* link() const { return link_.get(); }
   DataServer::Stats stats() const { return server_->stats(); }
   // Random, drawn at Start: tells this run of the segment from a restarted one.
   uint64_t incarnation() const { return incarnation_; }

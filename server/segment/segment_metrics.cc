@@ -49,6 +49,24 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
                    "Ended grants forgotten early because the table was full; tokens expiring "
                    "before them are refused.",
                    static_cast<double>(segment.grants().ended_overflowed()));
+  families.Counter("kvpool_data_reads_cut_total",
+                   "TCP reads whose answer was cut off mid-send because their grant ended (a "
+                   "forced remove, eviction) or a new term began: no byte of a range leaves it "
+                   "after the segment applied its end.",
+                   static_cast<double>(segment.grants().reads_cut()));
+  if (const MasterLink* link = segment.link(); link != nullptr) {
+    const char* kChecks =
+        "Commits checked against their checksum (--verify-commits), by how: compared with the "
+        "checksum their TCP write was hashed to as it landed, or the range hashed at commit "
+        "(shared memory, RDMA).";
+    families.Counter("kvpool_segment_commit_checks_total", kChecks,
+                     static_cast<double>(link->commits_compared()), {{"how", "compared"}});
+    families.Counter("kvpool_segment_commit_checks_total", kChecks,
+                     static_cast<double>(link->commits_hashed()), {{"how", "hashed"}});
+    families.Counter("kvpool_segment_commits_refused_total",
+                     "Commits refused: the range did not hold the bytes of the checksum.",
+                     static_cast<double>(link->commits_refused()));
+  }
   return families.Take();
 }
 

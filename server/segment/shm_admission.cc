@@ -238,9 +238,8 @@ void ShmAdmission::Serve(int fd, const uint8_t* hello) {
   } else {
     refused_.fetch_add(1);
     // At most one line a second: a peer that connects in a loop costs a counter, not a log.
-    absl::Time now = absl::Now();
-    if (now >= next_refusal_log_) {
-      next_refusal_log_ = now + absl::Seconds(1);
+    uint64_t suppressed = 0;
+    if (refusal_log_.Allow(&suppressed)) {
       KVPOOL_LOG(INFO) << "refused shared memory to pid " << peer.pid << ": " << answer.reason
                        << " (" << refused_.load() << " refusals so far)";
     }

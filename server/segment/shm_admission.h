@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/log_limiter.h"
 #include "server/segment/memory_pool.h"
 
 namespace kvpool::segment {
@@ -84,7 +85,7 @@ class ShmAdmission {
   std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> timed_out_{0};
-  absl::Time next_refusal_log_;  // admission thread only
+  LogLimiter refusal_log_;
 
  public:
   // Peers dropped for not sending a hello in time (or to make room).
