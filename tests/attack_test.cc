@@ -118,13 +118,14 @@ std::pair<int32_t, std::string> RawRead(const std::string& endpoint,
 class AttackTest : public ::testing::Test {
  protected:
   void StartCluster(std::vector<std::string> master_args = {},
-                    std::vector<std::string> segment_args = {}) {
+                    std::vector<std::string> segment_args = {},
+                    const std::string& pool_size = "16MiB") {
     master_args.push_back("--embedded-segment-size=0");
     absl::StatusOr<MasterProcess> master = testing::StartMaster(master_args);
     ASSERT_TRUE(master.ok()) << master.status();
     master_ = std::move(*master);
     absl::StatusOr<SegmentProcess> segment =
-        testing::StartSegment(master_.grpc, "16MiB", segment_args);
+        testing::StartSegment(master_.grpc, pool_size, segment_args);
     ASSERT_TRUE(segment.ok()) << segment.status();
     segment_ = std::move(*segment);
     Connect();
@@ -209,7 +210,13 @@ class AttackTest : public ::testing::Test {
   uint64_t Used() { return client_->GetClusterStatus().value().used_bytes; }
 
   uint64_t Metric(const std::string& name_and_labels) {
-    absl::StatusOr<std::string> text = testing::HttpGet(segment_.http, "/metrics");
+    return MetricOf(segment_.http, name_and_labels);
+  }
+  uint64_t MasterMetric(const std::string& name_and_labels) {
+    return MetricOf(master_.http, name_and_labels);
+  }
+  static uint64_t MetricOf(const std::string& http, const std::string& name_and_labels) {
+    absl::StatusOr<std::string> text = testing::HttpGet(http, "/metrics");
     if (!text.ok()) return 0;
     // A sample line, not the HELP or TYPE line that names the family.
     std::string line = "\n" + name_and_labels + " ";
@@ -299,6 +306,62 @@ TEST_F(AttackTest, ReadTokenKeptAfterForcedRemoveCannotReadTheNextObject) {
   auto [status, bytes] = RawRead(segment_.data, old.replicas(0));
   EXPECT_EQ(status, v1::PERMISSION_DENIED);
   EXPECT_TRUE(bytes != secret) << "a freed range's read token read the next object";
+}
+
+// A read already being sent when its object is force-removed, its range reused and
+// rewritten: the reader (who stopped reading, so the segment's send is stuck mid-range) gets
+// a prefix of the removed object's own bytes and then the end of the stream, never a byte of
+// the next object, checksums or not: the segment cuts the send when it applies the removal.
+TEST_F(AttackTest, ReadInFlightDuringAForcedRemoveNeverSendsTheNextObject) {
+  StartCluster({}, {}, "32MiB");
+  constexpr uint64_t kBig = 12 << 20;
+  uint64_t baseline = Used();
+  const std::string old_value = testing::RandomValue(kBig, 21);
+  ASSERT_TRUE(client_->Put("old", old_value).ok());
+  v1::GetResult old = Locate("old");
+  ASSERT_EQ(old.code(), v1::OK);
+
+  // A reader with a tiny receive buffer asks for the whole object and reads only a little.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  absl::StatusOr<HostPort> data = ParseHostPort(segment_.data);
+  ASSERT_TRUE(data.ok());
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(data->port);
+  inet_pton(AF_INET, data->host.c_str(), &sa.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  SendHeader(fd, HeaderFor(wire::Opcode::kRead, old.replicas(0)));
+  std::string got(wire::kResponseHeaderSize + 64 * 1024, '\0');
+  ASSERT_EQ(recv(fd, got.data(), got.size(), MSG_WAITALL), static_cast<ssize_t>(got.size()));
+  ASSERT_TRUE(Eventually([&] { return Metric("kvpool_data_requests_total{op=\"read\",transport=\"tcp\"}") >= 1; },
+                         absl::Seconds(5)));
+
+  // Forced remove (the reader's lease does not hold it), range freed and rewritten.
+  ASSERT_TRUE(client_->Remove("old", /*force=*/true).ok());
+  ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)));
+  const std::string next = testing::RandomValue(kBig, 22);
+  ASSERT_TRUE(client_->Put("next", next).ok());
+  ASSERT_EQ(Locate("next").replicas(0).offset(), old.replicas(0).offset())
+      << "the next object should reuse the range, or this test proves nothing";
+
+  // The reader drains what it is sent: the old object's bytes up to where the send was cut.
+  char buffer[64 << 10];
+  while (true) {
+    ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  std::string body = got.substr(wire::kResponseHeaderSize);
+  EXPECT_LT(body.size(), kBig) << "the send should have been cut, not completed";
+  EXPECT_TRUE(body == old_value.substr(0, body.size()))
+      << "bytes other than the removed object's own reached the reader";
+  EXPECT_GE(Metric("kvpool_data_reads_cut_total"), 1u);
+  EXPECT_EQ(client_->Get("next").value_or("<lost>"), next);
 }
 
 // A write token from before a master restart: the new master does not know the
@@ -398,6 +461,20 @@ TEST_F(AttackTest, CommitOfARangeNeverFullyWrittenIsRefused) {
   ASSERT_EQ(code, v1::OK) << message;
   EXPECT_EQ(Commit("honest", honest.put_id(), checksum), v1::OK);
   EXPECT_EQ(client_->Get("honest").value_or("<lost>"), claimed);
+
+  // Whole TCP writes were checked by comparing the checksum they were hashed to as they
+  // landed ("wrong", "honest", and the canary and "old" puts); the ranges never or half
+  // written were hashed at commit ("lazy", "half").
+  EXPECT_GE(Metric("kvpool_segment_commit_checks_total{how=\"compared\"}"), 4u);
+  EXPECT_EQ(Metric("kvpool_segment_commit_checks_total{how=\"hashed\"}"), 2u);
+  EXPECT_EQ(Metric("kvpool_segment_commits_refused_total"), 3u);
+  // The master counts the refused commits under the code they were answered, not as OK.
+  EXPECT_EQ(MasterMetric("kvpool_commits_refused_total"), 3u);
+  EXPECT_EQ(
+      MasterMetric("kvpool_key_results_total{method=\"BatchPutEnd\",code=\"CHECKSUM_MISMATCH\"}"),
+      3u);
+  EXPECT_EQ(MasterMetric("kvpool_key_results_total{method=\"BatchPutEnd\",code=\"OK\"}"), 3u)
+      << "canary, old and honest";
 }
 
 // The control path between segment and master, cut for longer than the manifest sync
@@ -466,7 +543,9 @@ class ControlProxy {
     char buffer[64 << 10];
     while (true) {
       ssize_t n = recv(from, buffer, sizeof(buffer), 0);
-      if (n <= 0 && errno == EAGAIN) continue;  // SO_RCVTIMEO of ConnectTcp
+      // SO_RCVTIMEO of ConnectRawTcp on an idle connection; 0 is the end of the stream, whatever
+      // errno an earlier timeout left.
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (n <= 0 || send(to, buffer, static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
     }
     shutdown(from, SHUT_RDWR);
@@ -549,6 +628,12 @@ TEST_F(ControlPathTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
   absl::Status cut_remove = client_->Remove("removed-in-cut");
   EXPECT_EQ(ToErrorCode(cut_remove), v1::WRITE_FAIL) << cut_remove;
   EXPECT_NE(cut_remove.message().find("not yet durable"), absl::string_view::npos) << cut_remove;
+  // A retry while still cut says the same (removed from the index, not yet durable), not
+  // OBJECT_NOT_FOUND; and no reader gets the object meanwhile.
+  absl::Status retried = client_->Remove("removed-in-cut");
+  EXPECT_EQ(ToErrorCode(retried), v1::WRITE_FAIL) << retried;
+  EXPECT_NE(retried.message().find("not yet durable"), absl::string_view::npos) << retried;
+  EXPECT_EQ(ToErrorCode(client_->Get("removed-in-cut").status()), v1::OBJECT_NOT_FOUND);
   proxy_->Heal();
 
   // Acknowledged removals are durable: the master is killed right after the OK.
@@ -558,8 +643,10 @@ TEST_F(ControlPathTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
       << put;
   absl::Status removed = client_->Remove("removed-before-restart");
   ASSERT_TRUE(removed.ok()) << removed;
-  // The removal in the cut is applied once the segment reconnects; the retry says so.
-  EXPECT_EQ(ToErrorCode(client_->Remove("removed-in-cut")), v1::OBJECT_NOT_FOUND);
+  // The removal in the cut is applied once the segment reconnects: a retry now succeeds
+  // (removal is idempotent), and the object stays removed across the restart below.
+  absl::Status healed = client_->Remove("removed-in-cut");
+  EXPECT_TRUE(healed.ok()) << healed;
   std::string address = master_.grpc;
   master_.process->Signal(SIGKILL);
   master_.process->Wait();

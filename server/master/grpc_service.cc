@@ -25,6 +25,14 @@ std::vector<int32_t> Codes(absl::Span<const absl::Status> statuses) {
   return codes;
 }
 
+// The codes a batch call's response answers (for calls whose codes change while they wait).
+std::vector<int32_t> Codes(const google::protobuf::RepeatedPtrField<v1::KeyResult>& results) {
+  std::vector<int32_t> codes;
+  codes.reserve(results.size());
+  for (const v1::KeyResult& result : results) codes.push_back(result.code());
+  return codes;
+}
+
 void ToProto(const PlacementView& placement, v1::Placement* out) {
   out->set_segment_name(placement.segment_name);
   out->set_endpoint(placement.endpoint);
@@ -236,15 +244,21 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
   // A commit is acknowledged only once every segment holding a replica has recorded it in
   // its manifest; else it is WRITE_FAIL (retryable: BatchPutEnd again with the same put_id).
   // A segment that refused it (its range does not hold the checksum's bytes) makes it
-  // CHECKSUM_MISMATCH.
-  metrics_.RecordKeyCodes(Rpc::kBatchPutEnd, Codes(ended.results));
+  // CHECKSUM_MISMATCH. The metrics count each key under the code it is finally answered.
   auto refused = [response, refusals = ended.refusals] {
     absl::MutexLock lock(&refusals->mu);
     for (const auto& [index, status] : refusals->by_index) {
       SetResult(status, response->mutable_results(static_cast<int>(index)));
     }
   };
-  auto not_durable = [response, refused] {
+  auto record = [this, response] {
+    metrics_.RecordKeyCodes(Rpc::kBatchPutEnd, Codes(response->results()));
+  };
+  auto durable = [refused, record] {
+    refused();
+    record();
+  };
+  auto not_durable = [response, refused, record] {
     refused();
     for (v1::KeyResult& result : *response->mutable_results()) {
       if (result.code() == v1::OK) {
@@ -254,10 +268,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
             "time (control path cut or segment gone); retry BatchPutEnd with the same put_id");
       }
     }
+    record();
     return absl::OkStatus();
   };
   return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable),
-                           std::move(refused));
+                           std::move(durable));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
@@ -316,26 +331,37 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
                                                          const v1::BatchRemoveRequest* request,
                                                          v1::BatchRemoveResponse* response) {
   Call call(metrics_, Rpc::kBatchRemove, context);
-  Durable<absl::Status> removed = master_.BatchRemove(ToKeys(request->keys()), request->force());
+  std::vector<std::string> keys = ToKeys(request->keys());
+  Durable<absl::Status> removed = master_.BatchRemove(keys, request->force());
   for (const absl::Status& status : removed.results) SetResult(status, response->add_results());
-  metrics_.RecordKeyCodes(Rpc::kBatchRemove, Codes(removed.results));
   // A removal is acknowledged only once every segment that held a replica has dropped it
   // from its manifest (else a restarted master would serve the object again); else it is
-  // WRITE_FAIL, retryable. The object is gone from the index either way.
-  auto not_durable = [response] {
+  // WRITE_FAIL, retryable: a retry answers the same way (OK once durable), not
+  // OBJECT_NOT_FOUND. The object is gone from the index either way. The metrics count each
+  // key under the code it is finally answered.
+  auto record = [this, response] {
+    metrics_.RecordKeyCodes(Rpc::kBatchRemove, Codes(response->results()));
+  };
+  auto durable = [this, keys = std::move(keys), record] {
+    master_.SettleRemovals(keys);
+    record();
+  };
+  auto not_durable = [response, record] {
     for (v1::KeyResult& result : *response->mutable_results()) {
       if (result.code() == v1::OK) {
         result.set_code(v1::WRITE_FAIL);
         result.set_message(
             "removed, but not yet durable: a segment that held a replica did not record the "
             "removal in time (control path cut or segment gone), so a master restart before it "
-            "does could bring the object back; retry BatchRemove (it answers OBJECT_NOT_FOUND "
-            "once the removal is in the index, and the segment applies it when it reconnects)");
+            "does could bring the object back; the object is gone from the index (no reader "
+            "gets it); retry BatchRemove: it answers OK once the segment has recorded it");
       }
     }
+    record();
     return absl::OkStatus();
   };
-  return FinishWhenDurable(call, std::move(removed.ticket), std::move(not_durable));
+  return FinishWhenDurable(call, std::move(removed.ticket), std::move(not_durable),
+                           std::move(durable));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerContext* context,

@@ -196,8 +196,10 @@ int main(int argc, char** argv) {
                                            master.ExpireSegments();
                                            master.FinishDrains();
                                          });
-  kvpool::PeriodicWorker reservation_reaper("reservation-reaper", absl::Seconds(1),
-                                            [&master] { master.ReclaimExpiredReservations(); });
+  kvpool::PeriodicWorker reservation_reaper("reservation-reaper", absl::Seconds(1), [&master] {
+    master.ReclaimExpiredReservations();
+    master.ForgetSettledRemovals();
+  });
   kvpool::PeriodicWorker evictor("evictor", absl::Milliseconds(200),
                                  [&master] { master.EvictIfAboveHighWatermark(); });
   kvpool::PeriodicWorker manifest_ticker("manifest-sync", absl::Milliseconds(20),

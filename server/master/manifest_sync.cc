@@ -72,6 +72,15 @@ void ManifestSync::Barrier(SegmentId segment, Ticket* ticket) {
   }
 }
 
+bool ManifestSync::Applied(const Ticket& ticket) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [segment, seq] : ticket.waits) {
+    auto it = queues_.find(segment);
+    if (it != queues_.end() && !it->second.local && it->second.acked < seq) return false;
+  }
+  return true;
+}
+
 ManifestSync::Batch ManifestSync::Sync(SegmentId segment, uint64_t acked, size_t max_records,
                                        absl::Span<const uint64_t> refused) {
   Batch batch;

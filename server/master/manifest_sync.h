@@ -84,6 +84,9 @@ class ManifestSync {
                   std::function<void()> refused = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds to `ticket` everything queued for the segment so far.
   void Barrier(SegmentId segment, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether nothing of `ticket` is left to wait for: every record applied (or its segment
+  // local or gone, as Wait counts them).
+  bool Applied(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Acknowledges every record up to `acked` (releasing waiters; those in `refused` were
   // refused by the segment, see AppendThen) and returns up to `max_records` records after it.

@@ -453,8 +453,13 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
           [this, key = put.key, grant = replica.grant, index, refusals = durable.refusals,
            segment = replica.segment->info().name] {
             if (!ShardFor(key).DropRefused(key, grant)) return;
-            KVPOOL_LOG(WARNING) << "segment " << segment << " refused the commit of " << key
-                                << ": its range does not hold the bytes of the checksum";
+            counters_.commits_refused.fetch_add(1, std::memory_order_relaxed);
+            uint64_t suppressed = 0;
+            if (refusal_log_.Allow(&suppressed)) {
+              KVPOOL_LOG(WARNING) << "segment " << segment << " refused the commit of " << key
+                                  << ": its range does not hold the bytes of the checksum"
+                                  << SuppressedNote(suppressed);
+            }
             absl::MutexLock lock(&refusals->mu);
             refusals->by_index[index] = ErrorStatus(
                 v1::CHECKSUM_MISMATCH,
@@ -540,10 +545,54 @@ Durable<absl::Status> Master::BatchRemove(absl::Span<const std::string> keys, bo
       continue;
     }
     absl::StatusOr<ObjectView> removed = ShardFor(key).Remove(key, now, force);
+    if (removed.ok()) {
+      ManifestSync::Ticket own;
+      ForgetOnSegments(absl::MakeConstSpan(&*removed, 1), &own);
+      durable.ticket.waits.insert(durable.ticket.waits.end(), own.waits.begin(), own.waits.end());
+      if (!own.empty()) {
+        absl::MutexLock lock(&removals_mu_);
+        if (unsettled_removals_.size() < kMaxUnsettledRemovals ||
+            unsettled_removals_.contains(key)) {
+          unsettled_removals_[key] = UnsettledRemoval{std::move(own), now};
+        }
+      }
+      durable.results.push_back(absl::OkStatus());
+      continue;
+    }
+    if (removed.status().code() == absl::StatusCode::kNotFound) {
+      // A retry of a removal answered as not durable: the same answer as the removal, once
+      // what it waits for is applied (at once if it already is).
+      absl::MutexLock lock(&removals_mu_);
+      if (auto it = unsettled_removals_.find(key); it != unsettled_removals_.end()) {
+        const auto& waits = it->second.ticket.waits;
+        durable.ticket.waits.insert(durable.ticket.waits.end(), waits.begin(), waits.end());
+        durable.results.push_back(absl::OkStatus());
+        continue;
+      }
+    }
     durable.results.push_back(removed.status());
-    if (removed.ok()) ForgetOnSegments(absl::MakeConstSpan(&*removed, 1), &durable.ticket);
   }
   return durable;
+}
+
+void Master::SettleRemovals(absl::Span<const std::string> keys) {
+  absl::MutexLock lock(&removals_mu_);
+  for (const std::string& key : keys) {
+    auto it = unsettled_removals_.find(key);
+    if (it != unsettled_removals_.end() && manifest_sync_.Applied(it->second.ticket)) {
+      unsettled_removals_.erase(it);
+    }
+  }
+}
+
+size_t Master::ForgetSettledRemovals() {
+  absl::Time now = options_.clock();
+  absl::MutexLock lock(&removals_mu_);
+  absl::erase_if(unsettled_removals_, [&](const auto& entry) {
+    return now - entry.second.removed >= kRemovalRetryWindow &&
+           manifest_sync_.Applied(entry.second.ticket);
+  });
+  return unsettled_removals_.size();
 }
 
 Durable<uint64_t> Master::RemoveAll(bool force, const RE2* key_filter) {

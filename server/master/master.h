@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/log_limiter.h"
 #include "proto/frame.h"
 #include "server/master/index_shard.h"
 #include "server/master/manifest_sync.h"
@@ -171,6 +172,8 @@ struct MasterCounters {
   std::atomic<uint64_t> evicted_bytes{0};
   std::atomic<uint64_t> reclaimed_reservations{0};
   std::atomic<uint64_t> segments_expired{0};
+  // Commits a segment refused: the range did not hold the bytes of the checksum given.
+  std::atomic<uint64_t> commits_refused{0};
 };
 
 class Master {
@@ -231,7 +234,18 @@ class Master {
   std::vector<GetResult> BatchGetReplicaList(absl::Span<const std::string> keys);
   // True/false per key (a true grants a lease), or InvalidArgument for a bad key.
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
+  // A key whose removal is not yet durable (a segment holding a replica has not applied its
+  // FORGET) answers a retried removal as the removal itself: OK, durable once the ticket is
+  // (else WRITE_FAIL again), not OBJECT_NOT_FOUND; see SettleRemovals.
   Durable<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force);
+  // The removals of `keys` were answered as durable: what BatchRemove kept of them for a
+  // retry goes, where every segment applied it. Removals answered WRITE_FAIL are kept until
+  // applied and at least kRemovalRetryWindow old (ForgetSettledRemovals).
+  void SettleRemovals(absl::Span<const std::string> keys) ABSL_LOCKS_EXCLUDED(removals_mu_);
+  // How long a removal answered as not durable still answers a retry with OK once applied.
+  static constexpr absl::Duration kRemovalRetryWindow = absl::Minutes(10);
+  // Removals kept for a retry at most (past it, a retry answers OBJECT_NOT_FOUND).
+  static constexpr size_t kMaxUnsettledRemovals = 1 << 20;
   // Every committed object, or with `key_filter` those whose key it matches somewhere in.
   Durable<uint64_t> RemoveAll(bool force, const RE2* key_filter = nullptr);
 
@@ -240,6 +254,9 @@ class Master {
   uint64_t EvictIfAboveHighWatermark();
   // Frees reservations whose writers never committed within put_timeout.
   uint64_t ReclaimExpiredReservations();
+  // Forgets removals kept for a retry (see BatchRemove) once applied by every segment and
+  // older than kRemovalRetryWindow. Returns how many are kept still.
+  size_t ForgetSettledRemovals() ABSL_LOCKS_EXCLUDED(removals_mu_);
 
   ClusterSummary GetClusterSummary() const;
   // Committed objects under a lease now (scans the index).
@@ -269,6 +286,17 @@ class Master {
   std::array<IndexShard, kNumShards> shards_;
   std::atomic<uint64_t> next_put_id_;
   MasterCounters counters_;
+  // Refused commits are logged at most once a second (each is counted in counters_).
+  LogLimiter refusal_log_;
+  // Removals whose FORGET records may not all be applied yet, by key: what a retried
+  // BatchRemove of the key waits for.
+  struct UnsettledRemoval {
+    ManifestSync::Ticket ticket;
+    absl::Time removed;
+  };
+  absl::Mutex removals_mu_;
+  absl::flat_hash_map<std::string, UnsettledRemoval> unsettled_removals_
+      ABSL_GUARDED_BY(removals_mu_);
 };
 
 }  // namespace kvpool::master

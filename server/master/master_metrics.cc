@@ -100,6 +100,11 @@ std::vector<prometheus::MetricFamily> MasterMetrics::Collect() const {
   families.Counter("kvpool_reservations_reclaimed_total",
                    "Reservations freed because their writer never committed within --put-timeout.",
                    static_cast<double>(counters.reclaimed_reservations.load()));
+  families.Counter("kvpool_commits_refused_total",
+                   "Commits a segment refused because the reserved range did not hold the bytes "
+                   "of the checksum given (never, partly or wrongly written); logged at most "
+                   "once a second.",
+                   static_cast<double>(counters.commits_refused.load()));
   families.Gauge("kvpool_leases_active",
                  "Read leases held now (leased objects cannot be evicted or removed).",
                  static_cast<double>(master_.CountLeased()));

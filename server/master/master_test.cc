@@ -200,6 +200,9 @@ TEST_F(MasterTest, RemoveFreesSpaceAndRemoveAllLeavesReservations) {
   ASSERT_TRUE(Put("y", 1000).ok());
   PutStartResult pending = PutStart("z", 1000);
   EXPECT_TRUE(Remove("x").ok());
+  // Durable and answered so (what the service does): removing again finds nothing.
+  Applied();
+  master_.SettleRemovals({std::string("x")});
   EXPECT_EQ(Remove("x").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Remove("z").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(master_.RemoveAll(false).results[0], 1u);
@@ -683,6 +686,48 @@ TEST_F(MasterTest, ACommitTheSegmentRefusesFailsAndFreesItsRange) {
   // A refusal reported again (a retried heartbeat) changes nothing.
   master_.manifest_sync().Sync(*id, batch.last_seq, 100, {refused_seq});
   EXPECT_TRUE(master_.BatchGetReplicaList({"good"})[0].status.ok());
+}
+
+// A removal answered as not durable (its FORGET not yet applied) is retried: the retry
+// answers as the removal does, OK with the same wait, not OBJECT_NOT_FOUND; once applied it
+// is OK at once, and a removal answered as durable is forgotten (a later one is not found).
+TEST_F(MasterTest, ARetriedRemovalThatWasNotDurableAnswersAsTheRemoval) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  SegmentId id = *master_.Heartbeat("a", 1).segment;
+  ASSERT_TRUE(Put("k", 100).ok());
+  Durable<absl::Status> removed = master_.BatchRemove({"k"}, /*force=*/false);
+  ASSERT_TRUE(removed.results[0].ok());
+  ASSERT_FALSE(removed.ticket.empty());
+  EXPECT_FALSE(master_.manifest_sync().Applied(removed.ticket));
+  // The segment has not applied the FORGET (control path cut): the retry waits as well.
+  Durable<absl::Status> retried = master_.BatchRemove({"k"}, false);
+  ASSERT_TRUE(retried.results[0].ok()) << retried.results[0];
+  EXPECT_FALSE(retried.ticket.empty());
+  EXPECT_FALSE(master_.manifest_sync().Applied(retried.ticket));
+  EXPECT_EQ(master_.BatchGetReplicaList({"k"})[0].status.code(), absl::StatusCode::kNotFound);
+  // Applied: a retry is OK with nothing left to wait for.
+  master_.manifest_sync().Sync(id, std::numeric_limits<uint64_t>::max(), 0);
+  retried = master_.BatchRemove({"k"}, false);
+  ASSERT_TRUE(retried.results[0].ok());
+  EXPECT_TRUE(master_.manifest_sync().Applied(retried.ticket));
+  // Kept for retries until the window passes (not forgotten earlier by the sweep).
+  EXPECT_EQ(master_.ForgetSettledRemovals(), 1u);
+  now_ += Master::kRemovalRetryWindow;
+  EXPECT_EQ(master_.ForgetSettledRemovals(), 0u);
+  EXPECT_EQ(ToErrorCode(Remove("k")), v1::OBJECT_NOT_FOUND);
+
+  // Answered as durable (SettleRemovals): forgotten at once; a key never stored is not found.
+  ASSERT_TRUE(Put("j", 100).ok());
+  removed = master_.BatchRemove({"j"}, false);
+  master_.manifest_sync().Sync(id, std::numeric_limits<uint64_t>::max(), 0);
+  master_.SettleRemovals({std::string("j")});
+  EXPECT_EQ(ToErrorCode(Remove("j")), v1::OBJECT_NOT_FOUND);
+  EXPECT_EQ(ToErrorCode(Remove("never")), v1::OBJECT_NOT_FOUND);
+  // SettleRemovals leaves a removal not yet applied.
+  ASSERT_TRUE(Put("m", 100).ok());
+  removed = master_.BatchRemove({"m"}, false);
+  master_.SettleRemovals({std::string("m")});
+  EXPECT_TRUE(Remove("m").ok());
 }
 
 TEST_F(MasterTest, ClosingManifestSyncAnswersParkedPollsAndWaiters) {
