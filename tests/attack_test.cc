@@ -579,6 +579,26 @@ class ControlPathTest : public AttackTest {
     ASSERT_TRUE(client_->Put("canary", "still here").ok());
   }
 
+  // Puts a new key until a put is acknowledged (once the healed control path carries the
+  // segment's heartbeats again) and returns that key. Each attempt takes a fresh key: an
+  // attempt that answered WRITE_FAIL left its object committed (not yet known durable), so
+  // putting the same key again would answer OBJECT_ALREADY_EXISTS for good.
+  std::string PutUntilAcknowledged(const std::string& prefix, const std::string& value) {
+    std::string acknowledged;
+    absl::Status put = absl::UnknownError("not tried");
+    int attempt = 0;
+    EXPECT_TRUE(Eventually(
+        [&] {
+          std::string key = absl::StrCat(prefix, "-", attempt++);
+          if (!(put = client_->Put(key, value)).ok()) return false;
+          acknowledged = key;
+          return true;
+        },
+        absl::Seconds(20)))
+        << put;
+    return acknowledged;
+  }
+
   const std::vector<std::string> master_args_ = {"--embedded-segment-size=0",
                                                  "--segment-ttl=60s"};
   std::unique_ptr<ControlProxy> proxy_;
@@ -598,8 +618,8 @@ TEST_F(ControlPathTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
   proxy_->Heal();
   // Once healed, commits are acknowledged again, and those are durable: they survive a
   // master restart (the segment reports them from its manifest).
-  ASSERT_TRUE(Eventually([&] { return client_->Put("after-heal", "durable").ok(); },
-                         absl::Seconds(20)));
+  const std::string after_heal = PutUntilAcknowledged("after-heal", "durable");
+  ASSERT_FALSE(after_heal.empty());
   std::string address = master_.grpc;
   master_.process->Signal(SIGKILL);
   master_.process->Wait();
@@ -607,9 +627,9 @@ TEST_F(ControlPathTest, CommitIsNeverAcknowledgedWhileTheControlPathIsCut) {
   ASSERT_TRUE(master.ok()) << master.status();
   master_ = std::move(*master);
   ASSERT_TRUE(segment_.process->WaitForLine("kvpool-segment mounted", absl::Seconds(20)).ok());
-  ASSERT_TRUE(Eventually([&] { return client_->Exists("after-heal").value_or(false); },
+  ASSERT_TRUE(Eventually([&] { return client_->Exists(after_heal).value_or(false); },
                          absl::Seconds(10)));
-  EXPECT_EQ(client_->Get("after-heal").value_or("<lost>"), "durable");
+  EXPECT_EQ(client_->Get(after_heal).value_or("<lost>"), "durable");
   // The servers still serve others after the cut.
   EXPECT_EQ(client_->Get("canary").value_or("<lost>"), "still here");
   EXPECT_TRUE(client_->Put("after", "ok").ok());
@@ -637,10 +657,8 @@ TEST_F(ControlPathTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
   proxy_->Heal();
 
   // Acknowledged removals are durable: the master is killed right after the OK.
-  absl::Status put = absl::UnknownError("not tried");
-  ASSERT_TRUE(Eventually([&] { return (put = client_->Put("after-heal", "durable")).ok(); },
-                         absl::Seconds(20)))
-      << put;
+  const std::string after_heal = PutUntilAcknowledged("after-heal", "durable");
+  ASSERT_FALSE(after_heal.empty());
   absl::Status removed = client_->Remove("removed-before-restart");
   ASSERT_TRUE(removed.ok()) << removed;
   // The removal in the cut is applied once the segment reconnects: a retry now succeeds
@@ -655,9 +673,9 @@ TEST_F(ControlPathTest, RemoveIsNeverAcknowledgedWhileTheControlPathIsCut) {
   master_ = std::move(*master);
   ASSERT_TRUE(segment_.process->WaitForLine("kvpool-segment mounted", absl::Seconds(20)).ok());
   // The segment reported its manifest: what was committed is back, what was removed is not.
-  ASSERT_TRUE(Eventually([&] { return client_->Exists("after-heal").value_or(false); },
+  ASSERT_TRUE(Eventually([&] { return client_->Exists(after_heal).value_or(false); },
                          absl::Seconds(10)));
-  EXPECT_EQ(client_->Get("after-heal").value_or("<lost>"), "durable");
+  EXPECT_EQ(client_->Get(after_heal).value_or("<lost>"), "durable");
   EXPECT_EQ(ToErrorCode(client_->Get("removed-before-restart").status()), v1::OBJECT_NOT_FOUND);
   EXPECT_EQ(ToErrorCode(client_->Get("removed-in-cut").status()), v1::OBJECT_NOT_FOUND);
   EXPECT_EQ(client_->Get("canary").value_or("<lost>"), "still here");
