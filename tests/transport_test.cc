@@ -54,7 +54,8 @@ void RoundTrips(Client& client, const std::string& prefix) {
     std::string key = prefix + std::to_string(size);
     size_t half = size / 2;
     std::vector<ConstBuffer> parts = {{value.data(), half}, {value.data() + half, size - half}};
-    ASSERT_TRUE(client.Put(key, parts).ok()) << key;
+    absl::Status put = client.Put(key, parts);
+    ASSERT_TRUE(put.ok()) << key << ": " << put;
     std::string back(size, '\0');
     size_t third = size / 3;
     std::vector<MutableBuffer> into = {{back.data(), third}, {back.data() + third, size - third}};
