@@ -337,8 +337,9 @@ TEST_F(AttackTest, ReadInFlightDuringAForcedRemoveNeverSendsTheNextObject) {
   SendHeader(fd, HeaderFor(wire::Opcode::kRead, old.replicas(0)));
   std::string got(wire::kResponseHeaderSize + 64 * 1024, '\0');
   ASSERT_EQ(recv(fd, got.data(), got.size(), MSG_WAITALL), static_cast<ssize_t>(got.size()));
-  ASSERT_TRUE(Eventually([&] { return Metric("kvpool_data_requests_total{op=\"read\",transport=\"tcp\"}") >= 1; },
-                         absl::Seconds(5)));
+  ASSERT_TRUE(Eventually(
+      [&] { return Metric("kvpool_data_requests_total{op=\"read\",transport=\"tcp\"}") >= 1; },
+      absl::Seconds(5)));
 
   // Forced remove (the reader's lease does not hold it), range freed and rewritten.
   ASSERT_TRUE(client_->Remove("old", /*force=*/true).ok());

@@ -58,7 +58,9 @@ void TouchEveryPage(const uint8_t* data, uint64_t size, bool hugepages) {
       std::clamp<uint64_t>(std::thread::hardware_concurrency(), 1, std::min<uint64_t>(8, pages));
   auto touch = [&](uint64_t first, uint64_t last) {
     uint8_t sum = 0;
-    for (uint64_t i = first; i < last; ++i) sum += *static_cast<const volatile uint8_t*>(data + i * page);
+    for (uint64_t i = first; i < last; ++i) {
+      sum += *static_cast<const volatile uint8_t*>(data + i * page);
+    }
     (void)sum;
   };
   std::vector<std::thread> helpers;
