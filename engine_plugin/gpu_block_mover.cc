@@ -56,7 +56,7 @@ absl::Status GpuBlockMover::SetUp(Direction& direction, cudaStream_t stream,
   }
   direction.stream = stream;
   // Room to stage a few whole block objects in device memory (CopyMethod::kStaged).
-  direction.staging.bytes = std::max<uint64_t>(bytes_per_block_ * 8, 16 << 20);
+  direction.staging.bytes = std::max<uint64_t>(bytes_per_block_ * 8, uint64_t{64} << 20);
   if (cudaError_t e = cudaMalloc(&direction.staging.device, direction.staging.bytes);
       e != cudaSuccess) {
     return CudaError("allocating the copy staging buffer", e);

@@ -208,7 +208,7 @@ def tables(batch, max_blocks, num_blocks, seq_lens, seed):
 
 @pytest.mark.parametrize("layout", ["kv_first", "blocks_first", "packed", "kv_first_hnd"])
 def test_gqa_decode_matches_torch(layout):
-    batch, qo, kvh, d, bs, nb = 3, 32, 8, 128, 16, 256
+    batch, qo, kvh, d, bs, nb = 3, 32, 8, 128, 16, 320
     seq_lens = [1, 700, 1500]
     max_blocks = 96
     q = rand(batch, qo, d, seed=11)

@@ -3,7 +3,8 @@
 # Python module for this machine's python3 from the repository here and the prebuilt parts that
 # engine_plugin/python/tools/bundle_for_gpu.py packed into BUNDLE, then runs the GPU Python
 # tests and the benchmarks (engine_plugin/python/tools/gpu_bench.py) in one go. Logs, tables
-# and JSON go to $OUT (default ./py-gpu-out).
+# and JSON go to $OUT (default ./py-gpu-out): machine.txt, build.log, test_gpu.log, bench.log,
+# bench.md, bench.json.
 #
 #   engine_plugin/python/tools/run_on_gpu.sh BUNDLE [build] [test] [bench] [-- BENCH_ARGS...]
 #   (default: build test bench)
@@ -43,18 +44,19 @@ if has build; then
   pids=()
   for src in kvpool_module store_bindings engine_bindings gpu_bindings py_ready_event; do
     g++ "${flags[@]}" -c "$root/engine_plugin/python/$src.cc" -o "$work/obj/$src.o" \
-      >"$out/build_$src.log" 2>&1 &
+      >"$work/build_$src.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  cat "$work"/build_*.log >"$out/build.log"
   if [ $rc -ne 0 ]; then
-    tail -n 30 "$out"/build_*.log
+    tail -n 40 "$out/build.log"
     echo "run_on_gpu: compiling the bindings failed"
     exit 1
   fi
   (cd "$bundle" && g++ -shared -o "$site/kvpool/_kvpool$ext" "$work"/obj/*.o $(cat link.args) \
-     -Wl,-rpath-link,"$bundle/lib") >"$out/build_link.log" 2>&1 ||
-    { tail -n 40 "$out/build_link.log"; echo "run_on_gpu: linking the module failed"; exit 1; }
+     -Wl,-rpath-link,"$bundle/lib") >>"$out/build.log" 2>&1 ||
+    { tail -n 40 "$out/build.log"; echo "run_on_gpu: linking the module failed"; exit 1; }
   cp "$root"/engine_plugin/python/kvpool/*.py "$root"/engine_plugin/python/kvpool/py.typed \
     "$site/kvpool/"
   echo "run_on_gpu: built _kvpool$ext in $(($(date +%s) - start)) s"
