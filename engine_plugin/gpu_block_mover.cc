@@ -13,8 +13,11 @@ absl::Status CudaError(absl::string_view what, cudaError_t error) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
-// Blocks per CopyBlocks call and per pool round trip.
+// Blocks per CopyBlocks call and per pool round trip. The first batch of a call is smaller, so
+// that the GPU starts copying after one short round trip and the later round trips overlap
+// copies already queued.
 constexpr size_t kBatch = 256;
+constexpr size_t kFirstBatch = 32;
 
 }  // namespace
 
@@ -136,8 +139,8 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     for (size_t k = 0; k < batch.owners.size(); ++k) results[batch.owners[k]] = committed[k];
   };
   std::unique_ptr<Batch> previous;
-  for (size_t first = 0; first < keys.size() && !force_remote_; first += kBatch) {
-    size_t n = std::min(kBatch, keys.size() - first);
+  for (size_t first = 0, n = 0; first < keys.size() && !force_remote_; first += n) {
+    n = std::min(first == 0 ? kFirstBatch : kBatch, keys.size() - first);
     std::vector<uint64_t> sizes(n, bytes_per_block_);
     std::vector<absl::StatusOr<LocalReservation>> reserved =
         client_.BatchReserveLocal(keys.subspan(first, n), sizes);
@@ -227,8 +230,8 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
   // Every batch's copy is queued on the stream as soon as it is located, so the next batch is
   // located while the GPU copies; one wait at the end.
   std::vector<std::unique_ptr<Batch>> launched;
-  for (size_t first = 0; first < keys.size() && !force_remote_; first += kBatch) {
-    size_t n = std::min(kBatch, keys.size() - first);
+  for (size_t first = 0, n = 0; first < keys.size() && !force_remote_; first += n) {
+    n = std::min(first == 0 ? kFirstBatch : kBatch, keys.size() - first);
     auto batch = std::make_unique<Batch>();
     std::vector<absl::StatusOr<LocalValue>> located =
         client_.BatchGetLocal(keys.subspan(first, n), &batch->lease_expiry);
