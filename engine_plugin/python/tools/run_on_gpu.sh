@@ -4,10 +4,12 @@
 # engine_plugin/python/tools/bundle_for_gpu.py packed into BUNDLE, then runs the GPU Python
 # tests and the benchmarks (engine_plugin/python/tools/gpu_bench.py) in one go. Logs, tables
 # and JSON go to $OUT (default ./py-gpu-out): machine.txt, build.log, test_gpu.log, bench.log,
-# bench.md, bench.json.
+# bench.md, bench.json, example.log.
 #
-#   engine_plugin/python/tools/run_on_gpu.sh BUNDLE [build] [test] [bench] [-- BENCH_ARGS...]
-#   (default: build test bench)
+#   engine_plugin/python/tools/run_on_gpu.sh BUNDLE [build] [test] [example] [bench]
+#                                            [-- BENCH_ARGS...]
+#   (default: build test example bench; example: examples/gpu_prefix_from_pool.py --start-pool,
+#   a producer and a consumer process over a Llama-3.1-8B-shaped model)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 bundle=$(cd "${1:?usage: run_on_gpu.sh BUNDLE [steps]}" && pwd)
@@ -15,7 +17,7 @@ shift
 steps=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do steps+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
-[ ${#steps[@]} -eq 0 ] && steps=(build test bench)
+[ ${#steps[@]} -eq 0 ] && steps=(build test example bench)
 out=${OUT:-$PWD/py-gpu-out}
 work=${KVPOOL_PY_GPU_WORK:-/tmp/kvpool-py-gpu}
 site=$work/site
@@ -71,6 +73,13 @@ if has test; then
     timeout ${KVPOOL_TEST_TIMEOUT:-200} python3 -m pytest -q -rs -p no:cacheprovider \
     "$root/engine_plugin/python/tests/test_gpu.py" "$root/engine_plugin/python/tests/test_ops.py" \
     2>&1 | tee "$out/test_gpu.log" | tail -n 40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+
+if has example; then
+  KVPOOL_MASTER_BIN="$bundle/bin/kvpool-master" KVPOOL_SEGMENT_BIN="$bundle/bin/kvpool-segment" \
+    timeout ${KVPOOL_EXAMPLE_TIMEOUT:-240} python3 "$root/examples/gpu_prefix_from_pool.py" \
+    --start-pool 2>&1 | tee "$out/example.log" | grep -E '^\{|Error|error' | tail -n 20
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 
