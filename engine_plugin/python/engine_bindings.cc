@@ -115,7 +115,8 @@ void Register(PyStoreWorker& self, py::handle tensors, uint64_t num_blocks, bool
   for (size_t i = 0; i < objects.size(); ++i) {
     std::string type = DeviceType(objects[i]);
     if (type != "cpu" && type != "cuda") {
-      throw py::value_error(absl::StrCat("KV cache tensor ", descs[i].name, " is on a ", type,
+      std::string name = descs[i].name.empty() ? absl::StrCat("#", i) : descs[i].name;
+      throw py::value_error(absl::StrCat("KV cache tensor ", name, " is on a ", type,
                                          " device; kvpool takes CPU or CUDA tensors"));
     }
     int index = type == "cuda" ? objects[i].attr("device").attr("index").cast<int>() : -1;
