@@ -8,6 +8,10 @@
 // it over host memory. KvSender and KvReceiver use it, when one is given, in place of the
 // store's BatchPut and BatchGet.
 //
+// A chunk shorter than a block (a partial last block, stored only when the engine keeps partial
+// chunks) still moves as the whole block: its object is one block long, and a host cache's
+// shorter object of the same key fails a load here with InvalidArgument (recomputed).
+//
 // Implementations must let one thread store while another loads (the sending and receiving
 // threads); calls of the same direction come from one thread at a time.
 //
