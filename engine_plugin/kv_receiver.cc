@@ -12,7 +12,7 @@ KvReceiver::KvReceiver(StoreBackend& store, const TokenDatabase& token_database,
                        KvReceiverOptions options)
     : store_(store),
       token_database_(token_database),
-      options_{.tp_rank = std::max(options.tp_rank, 0)} {}
+      options_{.tp_rank = std::max(options.tp_rank, 0), .transfer = options.transfer} {}
 
 KvReceiver::~KvReceiver() { Stop(); }
 
@@ -80,7 +80,26 @@ void KvReceiver::HandleRequest(const ReqMeta& request) {
   uint64_t loaded = 0;
   uint64_t bytes = 0;
   if (!items.empty()) {
-    std::vector<absl::StatusOr<uint64_t>> results = store_.BatchGet(items);
+    std::vector<absl::StatusOr<uint64_t>> results;
+    if (options_.transfer != nullptr) {
+      std::vector<std::string> keys;
+      std::vector<int32_t> ids;
+      uint64_t block_bytes = 0;
+      for (const KvSegment& segment : token_database_.segments()) block_bytes += segment.block_bytes;
+      for (size_t i = 0; i < items.size(); ++i) {
+        keys.push_back(items[i].key);
+        ids.push_back(static_cast<int32_t>(item_blocks[i]));
+      }
+      for (absl::Status& status : options_.transfer->LoadBlocks(keys, ids)) {
+        if (status.ok()) {
+          results.push_back(block_bytes);
+        } else {
+          results.push_back(std::move(status));
+        }
+      }
+    } else {
+      results = store_.BatchGet(items);
+    }
     std::vector<std::string> failures;
     for (size_t i = 0; i < items.size(); ++i) {
       absl::StatusOr<uint64_t> result =

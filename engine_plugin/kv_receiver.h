@@ -22,6 +22,7 @@
 #include "common/queue_worker.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "engine_plugin/block_transfer.h"
 #include "engine_plugin/request.h"
 #include "engine_plugin/store_backend.h"
 #include "engine_plugin/token_database.h"
@@ -30,6 +31,9 @@ namespace kvpool::engine {
 
 struct KvReceiverOptions {
   int tp_rank = 0;
+  // Moves the blocks instead of the store's BatchGet (a cache in GPU memory); must outlive
+  // the receiver. Null: the cache is host memory the store writes itself.
+  BlockTransfer* transfer = nullptr;
 };
 
 struct KvReceiverStats {

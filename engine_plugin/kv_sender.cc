@@ -15,7 +15,8 @@ KvSender::KvSender(StoreBackend& store, const TokenDatabase& token_database,
       token_database_(token_database),
       options_{.tp_rank = std::max(options.tp_rank, 0),
                // StoreWorker checks it; never divide by 0 here.
-               .put_step = std::max(options.put_step, 1)} {}
+               .put_step = std::max(options.put_step, 1),
+               .transfer = options.transfer} {}
 
 KvSender::~KvSender() { Stop(); }
 
@@ -148,6 +149,7 @@ void KvSender::HandleRequest(const ReqMeta& request) {
   // Step S3: the buffers of every missing chunk, gathered over the segments.
   std::vector<PutItem> items;
   std::vector<uint64_t> item_bytes;
+  std::vector<int32_t> item_blocks;  // with a BlockTransfer: whole blocks by id
   items.reserve(missing.size());
   for (const TokenChunk& chunk : missing) {
     absl::StatusOr<ChunkBuffers> buffers =
@@ -164,6 +166,7 @@ void KvSender::HandleRequest(const ReqMeta& request) {
                                        static_cast<size_t>(buffers->sizes[s])});
     }
     item_bytes.push_back(buffers->total_bytes());
+    item_blocks.push_back(static_cast<int32_t>(buffers->block_id));
     items.push_back(std::move(item));
   }
   if (items.empty()) {
@@ -182,7 +185,15 @@ void KvSender::HandleRequest(const ReqMeta& request) {
   }
 
   // Step S5: one batched multi-buffer put, then the back-off rule.
-  std::vector<absl::Status> results = store_.BatchPut(items);
+  std::vector<absl::Status> results;
+  if (options_.transfer != nullptr) {
+    std::vector<std::string> keys_to_store;
+    keys_to_store.reserve(items.size());
+    for (const PutItem& item : items) keys_to_store.push_back(item.key);
+    results = options_.transfer->StoreBlocks(keys_to_store, item_blocks);
+  } else {
+    results = store_.BatchPut(items);
+  }
   size_t failed = 0;
   size_t no_space = 0;
   uint64_t stored_bytes = 0;

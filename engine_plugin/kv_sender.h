@@ -10,7 +10,8 @@
 //      chunks tp_rank % put_step, + put_step, ... (ranks that share KV heads split the work).
 //   4. BatchExist first; chunks the pool already has are never sent.
 //   5. The request's ready event is waited for, then the missing chunks go out as one
-//      batched multi-buffer put (one object per chunk, gathered from every segment).
+//      batched multi-buffer put (one object per chunk, gathered from every segment), or, with
+//      a BlockTransfer (a GPU cache), as one StoreBlocks call of whole blocks.
 //   6. Back-off: if any key of the batch failed with NO_AVAILABLE_HANDLE (ResourceExhausted),
 //      the pool is marked under pressure and this request's later batches are skipped; the
 //      first later batch with no failed key clears the mark (and every skipped request).
@@ -31,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "engine_plugin/block_transfer.h"
 #include "engine_plugin/request.h"
 #include "engine_plugin/store_backend.h"
 #include "engine_plugin/token_database.h"
@@ -41,6 +43,9 @@ struct KvSenderOptions {
   int tp_rank = 0;
   // Tensor-parallel ranks that hold the same KV heads split a request's chunks this many ways.
   int put_step = 1;
+  // Moves the blocks instead of the store's BatchPut (a cache in GPU memory); must outlive
+  // the sender. Null: the cache is host memory the store reads itself.
+  BlockTransfer* transfer = nullptr;
 };
 
 struct KvSenderStats {

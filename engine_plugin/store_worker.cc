@@ -96,20 +96,38 @@ absl::Status StoreWorker::RegisterCrossLayerKvCache(const TensorDesc& tensor,
   return RegisterKvCaches(absl::MakeConstSpan(&tensor, 1), num_blocks);
 }
 
-absl::Status StoreWorker::RegisterLayout(const KvCacheLayout& layout) {
+absl::Status StoreWorker::RegisterDeviceKvCaches(absl::Span<const TensorDesc> tensors,
+                                                 uint64_t num_blocks,
+                                                 const TransferFactory& make_transfer) {
+  if (layout_.has_value()) return absl::FailedPreconditionError("KV caches are already registered");
+  absl::StatusOr<KvCacheLayout> layout =
+      KvCacheLayout::Detect(tensors, num_blocks, token_database_.block_size());
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<std::unique_ptr<BlockTransfer>> transfer = make_transfer(*layout);
+  if (!transfer.ok()) return transfer.status();
+  if (*transfer == nullptr) return absl::InvalidArgumentError("the transfer factory gave nothing");
+  return RegisterLayout(*layout, *std::move(transfer));
+}
+
+absl::Status StoreWorker::RegisterLayout(const KvCacheLayout& layout,
+                                         std::unique_ptr<BlockTransfer> transfer) {
   if (layout_.has_value()) return absl::FailedPreconditionError("KV caches are already registered");
   if (absl::Status s = token_database_.SetLayout(layout); !s.ok()) return s;
   layout_ = layout;
+  transfer_ = std::move(transfer);
   KVPOOL_LOG(INFO) << "registered KV caches: " << layout.DebugString() << "; keys "
-                   << token_database_.KeyFor("<hash>") << ", put_step " << put_step_;
+                   << token_database_.KeyFor("<hash>") << ", put_step " << put_step_
+                   << (transfer_ != nullptr ? ", device cache (block transfer)" : "");
   if (stores()) {
     sender_ = std::make_unique<KvSender>(
         store_, token_database_,
-        KvSenderOptions{.tp_rank = options_.tp_rank, .put_step = put_step_});
+        KvSenderOptions{
+            .tp_rank = options_.tp_rank, .put_step = put_step_, .transfer = transfer_.get()});
     sender_->Start();
   }
   receiver_ = std::make_unique<KvReceiver>(store_, token_database_,
-                                           KvReceiverOptions{.tp_rank = options_.tp_rank});
+                                           KvReceiverOptions{.tp_rank = options_.tp_rank,
+                                                             .transfer = transfer_.get()});
   receiver_->Start();
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 // thread (one at a time); Lookup may be called from any thread at any time.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "engine_plugin/block_transfer.h"
 #include "engine_plugin/kv_cache_layout.h"
 #include "engine_plugin/kv_receiver.h"
 #include "engine_plugin/kv_sender.h"
@@ -78,8 +80,21 @@ class StoreWorker {
   absl::Status RegisterKvCaches(absl::Span<const TensorDesc> tensors, uint64_t num_blocks);
   // One tensor holding every layer per block (vLLM's cross-layer blocks).
   absl::Status RegisterCrossLayerKvCache(const TensorDesc& tensor, uint64_t num_blocks);
-  // For engines that compute the segments themselves; no regions are registered.
-  absl::Status RegisterLayout(const KvCacheLayout& layout);
+  // Builds the BlockTransfer of a device cache from its detected layout (for a GPU cache,
+  // GpuBlockMover::Create over the store's client).
+  using TransferFactory =
+      std::function<absl::StatusOr<std::unique_ptr<BlockTransfer>>(const KvCacheLayout&)>;
+  // Registers tensors in device memory (a GPU cache, per layer or one cross-layer tensor):
+  // the layout is detected as for RegisterKvCaches, nothing is registered with the store
+  // (it never touches that memory), and every block moves through the transfer that
+  // `make_transfer` builds for the layout. Detect's errors, the factory's error as it is,
+  // FailedPrecondition if called twice.
+  absl::Status RegisterDeviceKvCaches(absl::Span<const TensorDesc> tensors, uint64_t num_blocks,
+                                      const TransferFactory& make_transfer);
+  // For engines that compute the segments themselves; no regions are registered. With a
+  // transfer, blocks move through it instead of the store's gather-puts and scatter-gets.
+  absl::Status RegisterLayout(const KvCacheLayout& layout,
+                              std::unique_ptr<BlockTransfer> transfer = nullptr);
 
   struct Finished {
     absl::flat_hash_set<std::string> sending;  // stores done: the engine may free the blocks
@@ -110,6 +125,8 @@ class StoreWorker {
   const KeyMetadata& key_metadata() const { return token_database_.metadata(); }
   const TokenDatabase& token_database() const { return token_database_; }
   const std::optional<KvCacheLayout>& layout() const { return layout_; }
+  // Whether blocks move through a BlockTransfer (a device cache).
+  bool has_transfer() const { return transfer_ != nullptr; }
   // Null before registration, and for the sender of a kv_consumer.
   const KvSender* sender() const { return sender_.get(); }
   const KvReceiver* receiver() const { return receiver_.get(); }
@@ -126,6 +143,8 @@ class StoreWorker {
   const int put_step_;
   TokenDatabase token_database_;
   std::optional<KvCacheLayout> layout_;
+  // Declared before the threads, so it outlives them.
+  std::unique_ptr<BlockTransfer> transfer_;
   std::unique_ptr<KvSender> sender_;
   std::unique_ptr<KvReceiver> receiver_;
   // Finished requests whose stores were still pending when they finished.

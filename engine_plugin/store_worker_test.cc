@@ -1,5 +1,6 @@
 #include "engine_plugin/store_worker.h"
 
+#include <cstring>
 #include <numeric>
 
 #include "engine_plugin/notified_ready_event.h"
@@ -7,6 +8,7 @@
 #include "engine_plugin/testing/requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/error_codes.h"
 
 namespace kvpool::engine {
 namespace {
@@ -278,6 +280,159 @@ TEST(StoreWorkerTest, LookupChecksEveryTpAndPpRank) {
   // A pool that cannot answer has nothing.
   store.FailExist(absl::UnavailableError("master down"));
   EXPECT_EQ(worker->Lookup(12, hashes), 0u);
+}
+
+// A BlockTransfer over host memory standing in for GpuBlockMover: whole blocks (every segment
+// in layout order) kept in the FakeStore under their keys; records the block ids it was given
+// and can be told to answer every store with one status.
+class HostBlockTransfer : public BlockTransfer {
+ public:
+  HostBlockTransfer(FakeStore& store, const KvCacheLayout& layout)
+      : store_(store), layout_(layout) {}
+  std::vector<absl::Status> StoreBlocks(absl::Span<const std::string> keys,
+                                        absl::Span<const int32_t> block_ids) override {
+    stored_ids.insert(stored_ids.end(), block_ids.begin(), block_ids.end());
+    std::vector<absl::Status> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!store_status.ok()) {
+        out.push_back(store_status);
+        continue;
+      }
+      std::string value;
+      for (const KvSegment& s : layout_.segments()) {
+        value.append(reinterpret_cast<const char*>(s.base + block_ids[i] * s.block_bytes),
+                     s.block_bytes);
+      }
+      store_.Set(keys[i], std::move(value));
+      out.push_back(absl::OkStatus());
+    }
+    return out;
+  }
+  std::vector<absl::Status> LoadBlocks(absl::Span<const std::string> keys,
+                                       absl::Span<const int32_t> block_ids) override {
+    loaded_ids.insert(loaded_ids.end(), block_ids.begin(), block_ids.end());
+    std::vector<absl::Status> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::optional<std::string> value = store_.Value(keys[i]);
+      if (!value.has_value()) {
+        out.push_back(absl::NotFoundError(keys[i]));
+        continue;
+      }
+      size_t offset = 0;
+      for (const KvSegment& s : layout_.segments()) {
+        std::memcpy(reinterpret_cast<void*>(s.base + block_ids[i] * s.block_bytes),
+                    value->data() + offset, s.block_bytes);
+        offset += s.block_bytes;
+      }
+      out.push_back(absl::OkStatus());
+    }
+    return out;
+  }
+  std::vector<int32_t> stored_ids, loaded_ids;
+  absl::Status store_status;
+
+ private:
+  FakeStore& store_;
+  KvCacheLayout layout_;
+};
+
+TEST(StoreWorkerTest, DeviceCachesMoveWholeBlocksThroughTheTransfer) {
+  FakeStore store;
+  Layer l0, l1;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  HostBlockTransfer* transfer = nullptr;
+  absl::Status registered = worker->RegisterDeviceKvCaches(
+      {l0.Desc(), l1.Desc()}, kBlocks,
+      [&](const KvCacheLayout& layout) -> absl::StatusOr<std::unique_ptr<BlockTransfer>> {
+        auto t = std::make_unique<HostBlockTransfer>(store, layout);
+        transfer = t.get();
+        return std::unique_ptr<BlockTransfer>(std::move(t));
+      });
+  ASSERT_TRUE(registered.ok()) << registered;
+  EXPECT_TRUE(worker->has_transfer());
+  EXPECT_THAT(store.registered(), IsEmpty());  // device memory is never the store's buffer
+  std::vector<float> original0 = l0.data, original1 = l1.data;
+
+  StepMetadata step;
+  step.requests.push_back(SaveRequest("r1", {"h0", "h1", "h2"}, {4, 1, 3}));
+  step.store_ready = std::make_shared<NotifiedReadyEvent>(/*ready=*/true);
+  ASSERT_TRUE(worker->GetFinished({}, std::move(step)).ok());
+  worker->WaitIdle();
+  EXPECT_EQ(transfer->stored_ids, (std::vector<int32_t>{4, 1, 3}));
+  EXPECT_EQ(store.put_calls(), 0);   // no gather-put of host buffers
+  EXPECT_EQ(store.exist_calls(), 1);  // the existence check still comes first
+  EXPECT_EQ(worker->sender()->stats().keys_stored, 3u);
+  // The object is the block's bytes in every segment, in layout order (what a host cache's
+  // chunk put stores too).
+  std::string expected;
+  for (const KvSegment& s : worker->layout()->segments()) {
+    expected.append(reinterpret_cast<const char*>(s.base + 1 * s.block_bytes), s.block_bytes);
+  }
+  EXPECT_EQ(store.Value(worker->token_database().KeyFor("h1")), expected);
+
+  // Load into other blocks; h3 was never stored: its block is reported for recompute.
+  std::fill(l0.data.begin(), l0.data.end(), 0.0f);
+  std::fill(l1.data.begin(), l1.data.end(), 0.0f);
+  ReqMeta load;
+  load.req_id = "r2";
+  load.token_len_chunk = 4 * kBlockSize;
+  load.block_hashes = {"h0", "h1", "h2", "h3"};
+  load.block_ids = {0, 2, 5, 1};
+  load.load_spec = LoadSpec{.vllm_cached_tokens = 0, .kvpool_cached_tokens = 4 * kBlockSize,
+                            .can_load = true};
+  StepMetadata load_step;
+  load_step.requests.push_back(load);
+  ASSERT_TRUE(worker->GetFinished({}, std::move(load_step)).ok());
+  worker->WaitIdle();
+  EXPECT_THAT(transfer->loaded_ids, UnorderedElementsAre(0, 2, 5, 1));
+  EXPECT_EQ(store.get_calls(), 0);
+  EXPECT_THAT(worker->TakeFailedLoadBlockIds(), UnorderedElementsAre(1));
+  EXPECT_EQ(worker->receiver()->stats().keys_loaded, 3u);
+  const size_t block = kBlockSize * kHeads * kHeadDim;  // floats per block per K/V
+  for (auto [from, to] : {std::pair{4, 0}, std::pair{1, 2}, std::pair{3, 5}}) {
+    for (size_t kv = 0; kv < 2; ++kv) {
+      for (size_t i = 0; i < block; ++i) {
+        ASSERT_EQ(l0.data[(kv * kBlocks + to) * block + i],
+                  original0[(kv * kBlocks + from) * block + i]);
+        ASSERT_EQ(l1.data[(kv * kBlocks + to) * block + i],
+                  original1[(kv * kBlocks + from) * block + i]);
+      }
+    }
+  }
+
+  // Pressure from the transfer backs off like pressure from the store.
+  transfer->store_status = ErrorStatus(v1::NO_AVAILABLE_HANDLE, "full");
+  StepMetadata full;
+  full.requests.push_back(SaveRequest("r3", {"h4"}, {0}));
+  ASSERT_TRUE(worker->GetFinished({}, std::move(full)).ok());
+  worker->WaitIdle();
+  EXPECT_TRUE(worker->sender()->store_pressure_active());
+}
+
+TEST(StoreWorkerTest, DeviceRegistrationReportsTheTransferFactorysError) {
+  FakeStore store;
+  Layer l0;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  absl::Status status = worker->RegisterDeviceKvCaches(
+      {l0.Desc()}, kBlocks, [](const KvCacheLayout&) -> absl::StatusOr<std::unique_ptr<BlockTransfer>> {
+        return absl::InternalError("no CUDA device");
+      });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(worker->layout().has_value());
+  // A refused layout never reaches the factory.
+  bool called = false;
+  TensorDesc bad = l0.Desc();
+  bad.storage_bytes -= 4;
+  EXPECT_EQ(worker
+                ->RegisterDeviceKvCaches({bad}, kBlocks,
+                                         [&](const KvCacheLayout&)
+                                             -> absl::StatusOr<std::unique_ptr<BlockTransfer>> {
+                                           called = true;
+                                           return absl::InternalError("unreachable");
+                                         })
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(called);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine_plugin/kv_cache_layout.h"
+#include "engine_plugin/python/gpu_bindings.h"
 #include "engine_plugin/python/py_ready_event.h"
 #include "engine_plugin/python/store_bindings.h"
 #include "engine_plugin/store_worker.h"
@@ -43,9 +44,10 @@ TensorDesc DescribeTensor(py::handle tensor, std::string name) {
   return desc;
 }
 
-bool IsHostTensor(py::handle tensor) {
-  if (!py::hasattr(tensor, "device")) return true;
-  return py::str(tensor.attr("device").attr("type")).cast<std::string>() == "cpu";
+// "cpu", "cuda", ... of a torch tensor; "cpu" for a TensorDesc (plain numbers: host memory).
+std::string DeviceType(py::handle tensor) {
+  if (!py::hasattr(tensor, "device")) return "cpu";
+  return py::str(tensor.attr("device").attr("type")).cast<std::string>();
 }
 
 TensorDesc ToTensorDesc(py::handle obj, std::string name) {
@@ -107,15 +109,40 @@ void Register(PyStoreWorker& self, py::handle tensors, uint64_t num_blocks, bool
   if (cross_layer && descs.size() != 1) {
     throw py::value_error("a cross-layer KV cache is a single tensor");
   }
-  for (const py::object& obj : objects) {
-    if (!py::isinstance<TensorDesc>(obj) && !IsHostTensor(obj)) {
+  // Every tensor on the CPU, or every one on the same CUDA device.
+  std::string kind;
+  int device = -1;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    std::string type = DeviceType(objects[i]);
+    if (type != "cpu" && type != "cuda") {
+      std::string name = descs[i].name.empty() ? absl::StrCat("#", i) : descs[i].name;
+      throw py::value_error(absl::StrCat("KV cache tensor ", name, " is on a ", type,
+                                         " device; kvpool takes CPU or CUDA tensors"));
+    }
+    int index = type == "cuda" ? objects[i].attr("device").attr("index").cast<int>() : -1;
+    if (kind.empty()) {
+      kind = type;
+      device = index;
+    } else if (type != kind) {
       throw py::value_error(
-          "KV cache tensors must be in host memory for now: the GPU transfer path (CUDA "
-          "kernels) is not built into this module");
+          "KV cache tensors are on both the CPU and a CUDA device: register the caches of "
+          "one device (all host memory, or all on one GPU)");
+    } else if (index != device) {
+      throw py::value_error(absl::StrCat("KV cache tensors are on cuda:", device, " and cuda:",
+                                         index, ": register one GPU's caches per StoreWorker"));
     }
   }
   absl::Status status;
-  {
+  if (kind == "cuda") {
+    StoreWorker::TransferFactory factory = GpuTransferFactory(self.store, device);
+    if (!factory) {
+      throw py::value_error(
+          "KV cache tensors are on a CUDA device, but this kvpool module was built without "
+          "CUDA (no nvcc where it was built)");
+    }
+    py::gil_scoped_release release;
+    status = self.Get().RegisterDeviceKvCaches(descs, num_blocks, factory);
+  } else {
     py::gil_scoped_release release;
     status = self.Get().RegisterKvCaches(descs, num_blocks);
   }
@@ -382,7 +409,9 @@ keys cover in the pool.
             Register(self, tensors, num_blocks, /*cross_layer=*/false);
           },
           py::arg("kv_caches"), py::arg("num_blocks"),
-          "Registers {layer: tensor} (or a list) of host-memory tensors and starts the threads.")
+          "Registers {layer: tensor} (or a list) of KV cache tensors, all in host memory or all on "
+          "one CUDA device, and starts the threads. CUDA caches move through the GPU copy "
+          "kernels (same-host pools in one copy, others through pinned staging).")
       .def(
           "register_cross_layers_kv_caches",
           [](PyStoreWorker& self, py::handle tensor, uint64_t num_blocks) {
@@ -454,6 +483,8 @@ keys cover in the pool.
                                const std::optional<KvCacheLayout>& l = self.Get().layout();
                                return l.has_value() ? py::cast(*l) : py::none();
                              })
+      .def_property_readonly("on_gpu",
+                             [](PyStoreWorker& self) { return self.Get().has_transfer(); })
       .def_property_readonly("store_pressure_active",
                              [](PyStoreWorker& self) {
                                const KvSender* s = self.Get().sender();

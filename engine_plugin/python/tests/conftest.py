@@ -82,10 +82,13 @@ class Pool:
         self.processes.append(proc)
         return _fields(proc.wait_for_line("kvpool-master listening"))
 
-    def segment(self, master, size="64MiB"):
+    def segment(self, master, size="64MiB", prefault=False, extra_args=()):
+        """prefault: touch the whole pool at start (the daemon's default; tests skip it).
+        extra_args: more kvpool-segment flags (benchmarks: --verify-commits=false, ...)."""
         proc = Process([_binary("KVPOOL_SEGMENT_BIN", "server/segment/kvpool-segment"),
                         f"--master={master}", f"--size={size}", "--listen=127.0.0.1:0",
-                        "--http-listen=127.0.0.1:0", "--prefault=false"])
+                        "--http-listen=127.0.0.1:0", f"--prefault={str(prefault).lower()}",
+                        *extra_args])
         self.processes.append(proc)
         fields = _fields(proc.wait_for_line("kvpool-segment listening"))
         proc.wait_for_line("kvpool-segment mounted")

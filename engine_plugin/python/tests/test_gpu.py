@@ -1,5 +1,10 @@
-"""kvpool.GpuBlockMover against real processes: needs a CUDA GPU and a module built with CUDA;
-elsewhere the tests say they were skipped, and why."""
+"""The GPU side from Python, against real pool processes: CUDA KV caches in StoreWorker (every
+layout the detector knows), GpuBlockMover, and kvpool.ops against torch reference math (eager,
+torch.compile and CUDA graphs). Needs a CUDA GPU and a module built with CUDA; elsewhere every
+test here says it was skipped, and why (tests/test_ops.py checks the ops' argument errors
+everywhere)."""
+
+import math
 
 import pytest
 import torch
@@ -8,14 +13,144 @@ import kvpool
 
 pytestmark = pytest.mark.skipif(
     not getattr(kvpool, "HAS_CUDA", False) or not torch.cuda.is_available(),
-    reason="no CUDA GPU here (or kvpool built without nvcc): GPU mover tests skipped",
+    reason="no CUDA GPU here (or kvpool built without nvcc): GPU tests skipped",
 )
+
+if getattr(kvpool, "HAS_CUDA", False):
+    import kvpool.ops as ops
+
+NUM_BLOCKS = 32
+BLOCK_SIZE = 16
+HEADS = 4
+HEAD_DIM = 128
+LAYERS = 2
+
+
+def rand(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+# --- CUDA caches in StoreWorker -----------------------------------------------------------
+
+# name -> (caches for one worker, how to read block b of layer l as a tensor)
+def flash_attention(seed):
+    return ([rand(2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM, seed=seed + l) for l in range(LAYERS)],
+            lambda caches, l, b: caches[l][:, b])
+
+
+def flash_infer(seed):
+    return ([rand(NUM_BLOCKS, 2, BLOCK_SIZE, HEADS, HEAD_DIM, seed=seed + l) for l in range(LAYERS)],
+            lambda caches, l, b: caches[l][b])
+
+
+def mla(seed):
+    return ([rand(NUM_BLOCKS, BLOCK_SIZE, 576, seed=seed + l) for l in range(LAYERS)],
+            lambda caches, l, b: caches[l][b])
+
+
+def packed(seed):
+    return ([rand(NUM_BLOCKS, BLOCK_SIZE, HEADS, 2 * HEAD_DIM, seed=seed + l) for l in range(LAYERS)],
+            lambda caches, l, b: caches[l][b])
+
+
+def cross_layer(seed):
+    return (rand(NUM_BLOCKS, LAYERS, 2, BLOCK_SIZE, HEADS, HEAD_DIM, seed=seed),
+            lambda cache, l, b: cache[b, l])
+
+
+LAYOUTS = {"flash_attention": flash_attention, "flash_infer": flash_infer, "mla": mla,
+           "packed_kv": packed, "cross_layer": cross_layer}
+
+
+def step(worker, requests, finished=(), ready_event=None):
+    sending, recving = worker.get_finished(set(finished), requests, set(), ready_event)
+    worker.wait_idle()
+    more_sending, more_recving = worker.get_finished(set(), [])
+    return sending | more_sending, recving | more_recving
+
+
+def register(worker, caches):
+    if isinstance(caches, torch.Tensor):
+        worker.register_cross_layers_kv_caches(caches, NUM_BLOCKS)
+    else:
+        worker.register_kv_caches({f"layer.{i}": t for i, t in enumerate(caches)}, NUM_BLOCKS)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_worker_stores_and_loads_cuda_caches(pool, open_store, layout):
+    master = pool.master(embedded_segment_size="0")
+    pool.segment(master, size="256MiB")
+    make = LAYOUTS[layout]
+    use_mla = layout == "mla"
+    # Producer: blocks 5, 9, 2, 30 of its cache hold a 4-block prompt.
+    src, block = make(seed=1)
+    producer = kvpool.StoreWorker(open_store(master), "org/gpu-model", num_kv_heads=HEADS,
+                                  use_mla=use_mla, block_size=BLOCK_SIZE, kv_role="kv_producer")
+    register(producer, src)
+    assert producer.on_gpu
+    hashes = [f"{layout}/{i}".encode() for i in range(4)]
+    src_ids = [5, 9, 2, 30]
+    ready = torch.cuda.Event()
+    ready.record()
+    sending, _ = step(producer, [kvpool.ReqMeta("a", token_len_chunk=4 * BLOCK_SIZE,
+                                                block_ids=src_ids, block_hashes=hashes,
+                                                can_save=True)], finished={"a"}, ready_event=ready)
+    assert sending == {"a"}
+    assert producer.sender_stats()["keys_stored"] == 4
+
+    # Consumer: another process's cache (here another worker and store), other block ids.
+    dst, _ = make(seed=100)
+    dst = dst.zero_() if isinstance(dst, torch.Tensor) else [t.zero_() for t in dst]
+    consumer = kvpool.StoreWorker(open_store(master), "org/gpu-model", num_kv_heads=HEADS,
+                                  use_mla=use_mla, block_size=BLOCK_SIZE, kv_role="kv_consumer")
+    register(consumer, dst)
+    assert consumer.lookup(4 * BLOCK_SIZE, hashes) == 4 * BLOCK_SIZE
+    dst_ids = [0, 1, 17, 31]
+    tokens = 4 * BLOCK_SIZE
+    _, recving = step(consumer, [kvpool.ReqMeta(
+        "b", token_len_chunk=tokens, block_ids=dst_ids, block_hashes=hashes,
+        load_spec=kvpool.LoadSpec(0, tokens, can_load=True))])
+    torch.cuda.synchronize()
+    assert recving == {"b"}
+    assert consumer.take_failed_load_block_ids() == set()
+    for l in range(LAYERS):
+        for s, d in zip(src_ids, dst_ids):
+            assert torch.equal(block(dst, l, d), block(src, l, s)), (layout, l, s, d)
+        # Blocks not loaded stay untouched.
+        assert not block(dst, l, 3).any()
+    producer.close()
+    consumer.close()
+
+
+def test_missing_block_is_reported_for_recompute(pool, open_store):
+    store = open_store(pool.master(embedded_segment_size="128MiB"))
+    src, _ = flash_attention(seed=3)
+    worker = kvpool.StoreWorker(store, "org/gpu-model", num_kv_heads=HEADS, block_size=BLOCK_SIZE)
+    register(worker, src)
+    hashes = [f"miss/{i}".encode() for i in range(3)]
+    step(worker, [kvpool.ReqMeta("s", token_len_chunk=2 * BLOCK_SIZE, block_ids=[0, 1],
+                                 block_hashes=hashes[:2], can_save=True)])
+    tokens = 3 * BLOCK_SIZE
+    step(worker, [kvpool.ReqMeta("l", token_len_chunk=tokens, block_ids=[4, 5, 6],
+                                 block_hashes=hashes, load_spec=kvpool.LoadSpec(0, tokens, True))])
+    assert worker.take_failed_load_block_ids() == {6}
+    assert torch.equal(src[0][:, 4], src[0][:, 0]) and torch.equal(src[1][:, 5], src[1][:, 1])
+    worker.close()
+
+
+def test_mixed_cpu_and_gpu_caches_are_refused(pool, open_store):
+    store = open_store(pool.master())
+    worker = kvpool.StoreWorker(store, "org/gpu-model", num_kv_heads=HEADS, block_size=BLOCK_SIZE)
+    gpu = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="both the CPU and a CUDA device"):
+        worker.register_kv_caches({"l0": gpu, "l1": gpu.cpu()}, NUM_BLOCKS)
+    worker.close()
 
 
 def test_gpu_cache_round_trips_through_shared_memory(pool, open_store):
     store = open_store(pool.master())
     blocks, block_size = 64, 16
-    # FlashAttention's K/V-first layout: (2, blocks, block_size, kv_heads, head_dim).
     cache = torch.randn(2, blocks, block_size, 8, 128, dtype=torch.bfloat16, device="cuda")
     original = cache.clone()
     mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size)
@@ -25,3 +160,164 @@ def test_gpu_cache_round_trips_through_shared_memory(pool, open_store):
     assert mover.load_blocks(keys, list(range(blocks))) == [0] * blocks
     torch.cuda.synchronize()
     assert torch.equal(cache, original)
+
+
+@pytest.mark.parametrize("path", ["force_remote", "tcp"])
+def test_gpu_cache_round_trips_over_the_network(pool, open_store, path):
+    # Pinned staging and the client's transports, as for another machine's pool; tcp: a client
+    # that moves every byte over TCP.
+    store = open_store(pool.master())
+    blocks, block_size = 16, 16
+    cache = rand(2, blocks, block_size, 8, 128, seed=7)
+    original = cache.clone()
+    mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size, **{path: True})
+    keys = [f"{path}/{i}" for i in range(blocks)]
+    assert mover.store_blocks(keys, list(range(blocks))) == [0] * blocks
+    cache.zero_()
+    assert mover.load_blocks(keys, list(range(blocks))) == [0] * blocks
+    torch.cuda.synchronize()
+    assert torch.equal(cache, original)
+    assert mover.load_blocks(["tcp/none"], [0]) == [kvpool.OBJECT_NOT_FOUND]
+
+
+# --- kvpool.ops against torch reference math ---------------------------------------------
+
+def paged_reference(q, k_rows, v_rows, seq_lens, sm_scale):
+    """q [B, Hq, D]; k_rows/v_rows(b) -> [T, Hkv, Dk] / [T, Hkv, Dv] float64."""
+    out = []
+    for b in range(q.shape[0]):
+        k, v = k_rows(b), v_rows(b)
+        group = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,thd->ht", q[b].double(), k) * sm_scale
+        out.append(torch.einsum("ht,thd->hd", torch.softmax(s, dim=-1), v))
+    return torch.stack(out)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def tables(batch, max_blocks, num_blocks, seq_lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_blocks, generator=g)[: batch * max_blocks]
+    bt = perm.view(batch, max_blocks).to(torch.int32).cuda()
+    return bt, torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("layout", ["kv_first", "blocks_first", "packed", "kv_first_hnd"])
+def test_gqa_decode_matches_torch(layout):
+    batch, qo, kvh, d, bs, nb = 3, 32, 8, 128, 16, 320
+    seq_lens = [1, 700, 1500]
+    max_blocks = 96
+    q = rand(batch, qo, d, seed=11)
+    if layout == "kv_first":
+        cache = rand(2, nb, bs, kvh, d, seed=12)
+        k_of = lambda blk: cache[0, blk]  # noqa: E731  [BS, H, D]
+        v_of = lambda blk: cache[1, blk]  # noqa: E731
+        kw = {}
+    elif layout == "kv_first_hnd":
+        cache = rand(2, nb, kvh, bs, d, seed=12)
+        k_of = lambda blk: cache[0, blk].transpose(0, 1)  # noqa: E731
+        v_of = lambda blk: cache[1, blk].transpose(0, 1)  # noqa: E731
+        kw = {"kv_layout": "HND"}
+    elif layout == "blocks_first":
+        cache = rand(nb, 2, bs, kvh, d, seed=12)
+        k_of = lambda blk: cache[blk, 0]  # noqa: E731
+        v_of = lambda blk: cache[blk, 1]  # noqa: E731
+        kw = {}
+    else:
+        cache = rand(nb, bs, kvh, 2 * d, seed=12)
+        k_of = lambda blk: cache[blk, :, :, :d]  # noqa: E731
+        v_of = lambda blk: cache[blk, :, :, d:]  # noqa: E731
+        kw = {}
+    bt, sl = tables(batch, max_blocks, nb, seq_lens, seed=13)
+
+    def rows(of):
+        def f(b):
+            n = seq_lens[b]
+            blocks = [of(int(bt[b, i])) for i in range((n + bs - 1) // bs)]
+            return torch.cat(blocks)[:n].double()
+        return f
+
+    scale = 1 / math.sqrt(d)
+    o, lse = ops.gqa_decode(q, cache, bt, sl, return_lse=True, **kw)
+    torch.cuda.synchronize()
+    ref = paged_reference(q, rows(k_of), rows(v_of), seq_lens, scale)
+    assert o.shape == (batch, qo, d) and o.dtype == torch.bfloat16
+    assert not torch.isnan(o).any()
+    assert rel_err(o, ref) < 1e-2
+    assert lse.shape == (batch, qo)
+
+
+def test_mla_decode_matches_torch():
+    batch, heads, bs, nb = 2, 16, 64, 64
+    seq_lens = [100, 1000]
+    max_blocks = 16
+    q = rand(batch, heads, 576, seed=21)
+    cache = rand(nb, bs, 576, seed=22)
+    bt, sl = tables(batch, max_blocks, nb, seq_lens, seed=23)
+
+    def rows(dim):
+        def f(b):
+            n = seq_lens[b]
+            blocks = [cache[int(bt[b, i])] for i in range((n + bs - 1) // bs)]
+            return torch.cat(blocks)[:n, None, :dim].double()
+        return f
+
+    scale = 1 / math.sqrt(576)
+    o = ops.mla_decode(q, cache, bt, sl, sm_scale=scale)
+    torch.cuda.synchronize()
+    ref = paged_reference(q, rows(576), rows(512), seq_lens, scale)
+    assert o.shape == (batch, heads, 512)
+    assert rel_err(o, ref) < 1e-2
+
+
+def test_copy_blocks_round_trip_in_pool_format():
+    caches = [rand(2, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM, seed=31 + l) for l in range(2)]
+    layout = kvpool.detect_layout(caches, NUM_BLOCKS, BLOCK_SIZE)
+    ids = torch.tensor([3, 7, 0], dtype=torch.int32)
+    blocks = torch.empty(3, layout.bytes_per_block, dtype=torch.uint8).pin_memory()
+    ops.copy_blocks(caches, blocks, ids, NUM_BLOCKS, BLOCK_SIZE)
+    torch.cuda.synchronize()
+    # Row i: layer 0 K, layer 0 V, layer 1 K, layer 1 V of block ids[i], as the pool stores it.
+    for i, b in enumerate(ids.tolist()):
+        expected = torch.cat([caches[l][kv, b].flatten().view(torch.uint8).cpu()
+                              for l in range(2) for kv in range(2)])
+        assert torch.equal(blocks[i], expected)
+    for t in caches:
+        t.zero_()
+    ops.copy_blocks(caches, blocks, ids, NUM_BLOCKS, BLOCK_SIZE, to_cache=True)
+    torch.cuda.synchronize()
+    for i, b in enumerate(ids.tolist()):
+        assert torch.equal(torch.cat([caches[l][kv, b].flatten().view(torch.uint8).cpu()
+                                      for l in range(2) for kv in range(2)]), blocks[i])
+
+
+def test_gqa_decode_under_torch_compile_and_cuda_graphs():
+    batch, qo, kvh, d, bs, nb = 4, 32, 8, 128, 16, 128
+    q = rand(batch, qo, d, seed=41)
+    cache = rand(2, nb, bs, kvh, d, seed=42)
+    bt, sl = tables(batch, 32, nb, [300, 17, 512, 99], seed=43)
+    eager = ops.gqa_decode(q, cache, bt, sl)
+
+    if hasattr(torch, "compile"):
+        compiled = torch.compile(lambda q: ops.gqa_decode(q, cache, bt, sl) * 2.0, fullgraph=True)
+        assert torch.equal(compiled(q), eager * 2.0)
+
+    static_q = q.clone()
+    ops.gqa_decode(static_q, cache, bt, sl)  # warm-up: plans outside the capture
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.gqa_decode(static_q, cache, bt, sl)
+        with torch.cuda.graph(graph, stream=s):
+            static_o = ops.gqa_decode(static_q, cache, bt, sl)
+    torch.cuda.current_stream().wait_stream(s)
+    q2 = rand(batch, qo, d, seed=44)
+    static_q.copy_(q2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_o, ops.gqa_decode(q2, cache, bt, sl))
