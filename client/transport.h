@@ -1,7 +1,7 @@
 #pragma once
 
 // How the client moves bytes to and from segments (step P2 of a put, G2 of a get). One
-// implementation per transport: TCP now; shared memory and RDMA share this interface.
+// implementation per transport (TCP, shared memory, RDMA); RoutingTransport picks one per op.
 
 #include <sys/uio.h>
 

@@ -268,10 +268,6 @@ class Master {
   absl::Status ValidateKey(absl::string_view key) const;
   PlacementView MakePlacement(const Replica& replica, uint64_t size, wire::Opcode opcode,
                               absl::Time expiry) const;
-  // Segments to try for a new object: the preferred host's first, then most free space.
-  std::vector<std::shared_ptr<MountedSegment>> PlacementOrder(
-      absl::Span<const std::shared_ptr<MountedSegment>> segments,
-      const std::string& preferred_host) const;
   // Evicts least recently used objects until at least `bytes` are freed or nothing more may
   // go (soft-pinned ones only if `soft_pinned_too`); returns the bytes freed.
   uint64_t Evict(uint64_t bytes, bool soft_pinned_too);
