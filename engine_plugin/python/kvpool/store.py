@@ -19,8 +19,9 @@ A store that was never set up (or was closed) raises StoreNotSetUpError from eve
 close() (0), health_check() (1) and get_hostname() (""), instead of returning an unrelated code.
 Where kvpool has no such subsystem (SSD offload, CXL, NVMe-oF, the transfer engine) the
 argument is accepted and a warning says it has no effect. Mooncake's unified parallelism API
-(ParallelAxis, TensorParallelism, ReadTarget and the *_with_parallelism calls) is not provided:
-code that probes for those names sees them absent. docs/engine_plugin.md lists the differences.
+(ParallelAxis, TensorParallelism, ReadTarget and the *_tensor_with_parallelism* calls) is in
+kvpool._parallel, with Mooncake's keys and object layouts. docs/engine_plugin.md lists the
+differences.
 """
 
 import ctypes
@@ -33,13 +34,15 @@ import warnings
 from enum import IntEnum
 
 from kvpool import _kvpool
+from kvpool import _parallel
 from kvpool import _tensor
+from kvpool._parallel import ParallelAxis, ReadTarget, TensorParallelism
 
 __all__ = [
     "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
     "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "Descriptor", "BufferHandle",
     "MooncakeHostMemAllocator", "ObjectDataType", "TaskType", "TaskStatus",
-    "StoreNotSetUpError", "Store",
+    "ParallelAxis", "TensorParallelism", "ReadTarget", "StoreNotSetUpError", "Store",
 ]
 
 Store = _kvpool.Store
@@ -332,7 +335,7 @@ def _free_port(host_ip):
     return next((p for p in candidates[:200] if _port_is_free(host_ip, p)), 0)
 
 
-class MooncakeDistributedStore(_kvpool.Store):
+class MooncakeDistributedStore(_parallel.ParallelismMixin, _kvpool.Store):
     """Mooncake's MooncakeDistributedStore over a kvpool pool (see the module docstring)."""
 
     def __init__(self):
@@ -965,7 +968,7 @@ class MooncakeDistributedStore(_kvpool.Store):
                 continue
             codes = []
             for rank, shard in enumerate(shards):
-                axes = [(_tensor.AXIS_KINDS["tp"], 0, rank, tp_size, dim)]
+                axes = [(_tensor.AXIS_KINDS["tp"], 0, rank, tp_size, dim, 0, shard.shape[dim])]
                 codes += self._put_tensors(method, [self._tp_key(key, rank)], [shard], config,
                                            upsert, shard=(full, axes))
             results.append(next((c for c in codes if c != OK), OK))
