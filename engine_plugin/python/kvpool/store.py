@@ -20,8 +20,8 @@ close() (0), health_check() (1) and get_hostname() (""), instead of returning an
 Where kvpool has no such subsystem (SSD offload, CXL, NVMe-oF, the transfer engine) the
 argument is accepted and a warning says it has no effect. Mooncake's unified parallelism API
 (ParallelAxis, TensorParallelism, ReadTarget and the *_tensor_with_parallelism* calls) is in
-kvpool._parallel, with Mooncake's keys and object layouts. docs/engine_plugin.md lists the
-differences.
+kvpool._parallel, with Mooncake's keys and object layouts; the put/get session calls in
+kvpool._sessions. docs/engine_plugin.md lists the differences.
 """
 
 import ctypes
@@ -35,6 +35,7 @@ from enum import IntEnum
 
 from kvpool import _kvpool
 from kvpool import _parallel
+from kvpool import _sessions
 from kvpool import _tensor
 from kvpool._parallel import ParallelAxis, ReadTarget, TensorParallelism
 
@@ -335,7 +336,8 @@ def _free_port(host_ip):
     return next((p for p in candidates[:200] if _port_is_free(host_ip, p)), 0)
 
 
-class MooncakeDistributedStore(_parallel.ParallelismMixin, _kvpool.Store):
+class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixin,
+                               _kvpool.Store):
     """Mooncake's MooncakeDistributedStore over a kvpool pool (see the module docstring)."""
 
     def __init__(self):
