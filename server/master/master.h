@@ -232,6 +232,10 @@ class Master {
   // True/false per key (a true grants a lease), or InvalidArgument for a bad key.
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
   Durable<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force);
+  // Per key: its replica on `segment` dropped (IndexShard::DropReplica), InvalidArgument for
+  // a bad key or an empty segment name.
+  Durable<absl::Status> BatchDropReplicas(absl::Span<const std::string> keys,
+                                          const std::string& segment, bool force);
   // Every committed object, or with `key_filter` those whose key it matches somewhere in.
   Durable<uint64_t> RemoveAll(bool force, const RE2* key_filter = nullptr);
 
