@@ -748,21 +748,18 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
         return _kvpool.Store._remove_by_regex(self, regex_pattern, force)
 
     def batch_replica_clear(self, keys, segment_name=""):
-        """Drops the keys' replicas (everywhere, or only the keys with a replica on
-        segment_name); returns the keys cleared. kvpool removes an object's replicas together.
-        Without segment_name a key a reader holds a lease on is skipped; with one, finding the
-        key's replicas leases it, so readers' leases are not told apart and do not stop it."""
+        """Drops the keys' replicas, everywhere (the whole object) or only the replica on
+        segment_name (the object stays readable from its other replicas; one whose only
+        replica that was is removed); returns the keys cleared. A key a reader holds a lease
+        on, or that has no replica on segment_name, is skipped, as by Mooncake's master."""
         self._require("batch_replica_clear")
         keys = list(keys)
         if not keys:
             return []
-        force = False
         if segment_name:
-            descs = self.batch_get_replica_desc(keys)
-            keys = [k for k in keys if any(d.segment_name == segment_name
-                                           for d in descs.get(k, []))]
-            force = True
-        codes = _kvpool.Store.batch_remove(self, keys, force) if keys else []
+            codes = _kvpool.Store._drop_replicas(self, keys, segment_name, False)
+        else:
+            codes = _kvpool.Store.batch_remove(self, keys, False)
         return [k for k, c in zip(keys, codes) if c == OK]
 
     def get_replica_desc(self, key):

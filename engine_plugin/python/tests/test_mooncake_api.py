@@ -155,6 +155,32 @@ def test_put_takes_a_replicate_config(pool):
     store.close()
 
 
+def test_batch_replica_clear_drops_one_segments_replica(pool):
+    master = pool.master(embedded_segment_size="0")
+    a = pool.segment(master, "16MiB")
+    b = pool.segment(master, "16MiB")
+    store = MooncakeDistributedStore()
+    assert store.setup("localhost", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", master) == 0
+    config = ReplicateConfig()
+    config.replica_num = 2
+    assert store.put("k", b"both" * 100, config) == 0
+    assert store.put("w", b"whole") == 0
+    # The replica on a goes, the one on b stays and serves reads.
+    assert store.batch_replica_clear(["k", "absent"], segment_name=a) == ["k"]
+    assert store.get("k") == b"both" * 100
+    assert [d.segment_name for d in store.get_replica_desc("k")] == [b]
+    # Those reads leased k: a clear is refused until the lease ends (Mooncake's master).
+    assert store.batch_replica_clear(["k"], segment_name=b) == []
+    assert store.batch_replica_clear(["k"], segment_name="nonexistent:1") == []
+    assert store.get("k") == b"both" * 100
+    # Without a segment name the whole object goes.
+    assert store.batch_replica_clear(["w"]) == ["w"]
+    assert store.get("w") == b""
+    assert store.batch_replica_clear([]) == []
+    assert store.remove("k", True) == 0
+    store.close()
+
+
 def test_put_and_get_sessions_by_ranges(mc):
     page, layers = 256, 3
     src, src_ptr = buffer(page * layers)
