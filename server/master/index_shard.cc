@@ -227,8 +227,9 @@ absl::StatusOr<ObjectView> IndexShard::DropReplica(absl::string_view key,
     return absl::NotFoundError("object not found");
   }
   Object& object = it->second;
-  auto on_segment = std::find_if(object.replicas.begin(), object.replicas.end(),
-                                 [&](const Replica& r) { return r.segment->info().name == segment; });
+  auto on_segment =
+      std::find_if(object.replicas.begin(), object.replicas.end(),
+                   [&](const Replica& r) { return r.segment->info().name == segment; });
   if (on_segment == object.replicas.end()) {
     return absl::NotFoundError(absl::StrCat("the object has no replica on segment ", segment));
   }

@@ -187,7 +187,8 @@ def test_put_and_get_sessions_by_ranges(mc):
     for i in range(len(src)):
         src[i] = i % 251
     dst, dst_ptr = buffer(page * layers, fill=0xEE)
-    assert mc.batch_put_session_start(["s", "bad"], [page * layers, 0]) == [0, kvpool.INVALID_PARAMS]
+    assert mc.batch_put_session_start(["s", "bad"], [page * layers, 0]) == [
+        0, kvpool.INVALID_PARAMS]
     for layer in reversed(range(layers)):  # any order; the object is visible only at the end
         rcs = mc.batch_put_from_multi_buffer_ranges(["s"], [[src_ptr + layer * page]], [[page]],
                                                     [[layer * page]])
