@@ -694,6 +694,27 @@ std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys
   return results;
 }
 
+std::vector<absl::Status> Client::BatchDropReplicas(absl::Span<const std::string> keys,
+                                                    absl::string_view segment, bool force) {
+  impl_->ForgetLocations(keys);
+  v1::BatchDropReplicasRequest request;
+  request.set_segment(std::string(segment));
+  request.set_force(force);
+  for (const std::string& key : keys) request.add_keys(key);
+  absl::StatusOr<v1::BatchDropReplicasResponse> response =
+      impl_->master.BatchDropReplicas(request);
+  if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
+    response = CountMismatch(response->results_size(), keys.size());
+  }
+  if (!response.ok()) return std::vector<absl::Status>(keys.size(), response.status());
+  std::vector<absl::Status> results;
+  results.reserve(keys.size());
+  for (const v1::KeyResult& result : response->results()) {
+    results.push_back(FromErrorCode(result.code(), result.message()));
+  }
+  return results;
+}
+
 absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
   {
     absl::MutexLock lock(&impl_->cache_mu);

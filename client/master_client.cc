@@ -77,6 +77,11 @@ absl::StatusOr<v1::BatchRemoveResponse> MasterClient::BatchRemove(
   return Call(&v1::MasterService::Stub::BatchRemove, request, rpc_timeout_);
 }
 
+absl::StatusOr<v1::BatchDropReplicasResponse> MasterClient::BatchDropReplicas(
+    const v1::BatchDropReplicasRequest& request) {
+  return Call(&v1::MasterService::Stub::BatchDropReplicas, request, rpc_timeout_);
+}
+
 absl::StatusOr<v1::RemoveAllResponse> MasterClient::RemoveAll(const v1::RemoveAllRequest& request) {
   return Call(&v1::MasterService::Stub::RemoveAll, request, rpc_timeout_);
 }

@@ -30,6 +30,8 @@ class MasterClient {
       const v1::BatchGetReplicaListRequest& request);
   absl::StatusOr<v1::BatchExistResponse> BatchExist(const v1::BatchExistRequest& request);
   absl::StatusOr<v1::BatchRemoveResponse> BatchRemove(const v1::BatchRemoveRequest& request);
+  absl::StatusOr<v1::BatchDropReplicasResponse> BatchDropReplicas(
+      const v1::BatchDropReplicasRequest& request);
   absl::StatusOr<v1::RemoveAllResponse> RemoveAll(const v1::RemoveAllRequest& request);
   absl::StatusOr<v1::GetClusterStatusResponse> GetClusterStatus(
       const v1::GetClusterStatusRequest& request);

@@ -520,6 +520,25 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           py::arg("keys"), py::arg("force") = false,
           "Per key 0 or a negative code (-704 absent, -706 leased and not force).")
       .def(
+          "_drop_replicas",
+          [](PyStore& self, const std::vector<std::string>& keys, const std::string& segment,
+             bool force) {
+            std::shared_ptr<Store> store = self.store;
+            std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+            if (client == nullptr) return std::vector<int>(keys.size(), ToErrorCode(NotSetUp()));
+            std::vector<absl::Status> results;
+            {
+              py::gil_scoped_release release;
+              results = client->BatchDropReplicas(keys, segment, force);
+            }
+            std::vector<int> out;
+            for (const absl::Status& r : results) out.push_back(ToErrorCode(r));
+            return out;
+          },
+          py::arg("keys"), py::arg("segment"), py::arg("force") = false,
+          "Per key: its replica on `segment` dropped (the others stay): 0, -704 (no such "
+          "object or no replica there), -706 (leased and not force), or another negative code.")
+      .def(
           "_remove_by_regex",
           [](PyStore& self, const std::string& pattern, bool force) -> int64_t {
             std::shared_ptr<Store> store = self.store;

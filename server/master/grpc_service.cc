@@ -364,6 +364,29 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
                            std::move(durable));
 }
 
+grpc::ServerUnaryReactor* MasterGrpcService::BatchDropReplicas(
+    grpc::CallbackServerContext* context, const v1::BatchDropReplicasRequest* request,
+    v1::BatchDropReplicasResponse* response) {
+  Call call(metrics_, Rpc::kBatchDropReplicas, context);
+  Durable<absl::Status> dropped =
+      master_.BatchDropReplicas(ToKeys(request->keys()), request->segment(), request->force());
+  for (const absl::Status& status : dropped.results) SetResult(status, response->add_results());
+  metrics_.RecordKeyCodes(Rpc::kBatchDropReplicas, Codes(dropped.results));
+  // As BatchRemove: acknowledged once the segment has dropped the replica from its manifest.
+  auto not_durable = [response] {
+    for (v1::KeyResult& result : *response->mutable_results()) {
+      if (result.code() == v1::OK) {
+        result.set_code(v1::WRITE_FAIL);
+        result.set_message(
+            "dropped, but not yet durable: the segment did not record it in time, so a master "
+            "restart before it does could bring the replica back; retry BatchDropReplicas");
+      }
+    }
+    return absl::OkStatus();
+  };
+  return FinishWhenDurable(call, std::move(dropped.ticket), std::move(not_durable));
+}
+
 grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerContext* context,
                                                        const v1::RemoveAllRequest* request,
                                                        v1::RemoveAllResponse* response) {

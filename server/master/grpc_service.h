@@ -62,6 +62,9 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const v1::GetClusterStatusRequest* request,
                                              v1::GetClusterStatusResponse* response) override;
+  grpc::ServerUnaryReactor* BatchDropReplicas(grpc::CallbackServerContext* context,
+                                              const v1::BatchDropReplicasRequest* request,
+                                              v1::BatchDropReplicasResponse* response) override;
 
  private:
   class Call;

@@ -217,6 +217,44 @@ absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time 
   return view;
 }
 
+absl::StatusOr<ObjectView> IndexShard::DropReplica(absl::string_view key,
+                                                   absl::string_view segment, absl::Time now,
+                                                   bool force) {
+  absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
+  auto it = objects_.find(key);
+  if (it == objects_.end() || !it->second.committed) {
+    return absl::NotFoundError("object not found");
+  }
+  Object& object = it->second;
+  auto on_segment =
+      std::find_if(object.replicas.begin(), object.replicas.end(),
+                   [&](const Replica& r) { return r.segment->info().name == segment; });
+  if (on_segment == object.replicas.end()) {
+    return absl::NotFoundError(absl::StrCat("the object has no replica on segment ", segment));
+  }
+  // Even forced: a mover may be copying this very replica.
+  if (Migrating(object, now)) {
+    return ErrorStatus(v1::OBJECT_HAS_LEASE, "object is being copied off a draining segment");
+  }
+  if (!force && Leased(object, now)) {
+    return ErrorStatus(v1::OBJECT_HAS_LEASE,
+                       absl::StrCat("object is leased by a reader for another ",
+                                    absl::FormatDuration(object.lease_expiry - now)));
+  }
+  ObjectView view = View(object);
+  view.replicas = {*on_segment};
+  if (object.replicas.size() == 1) {
+    EraseLocked(it, /*free_space=*/true);
+    return view;
+  }
+  ReleaseLocked(*on_segment, object.size, *object.key, GrantsEnd(object),
+                TokensLive(object, *on_segment, now));
+  on_segment->segment->AddReplicas(-1);
+  object.replicas.erase(on_segment);
+  return view;
+}
+
 std::vector<ObjectView> IndexShard::RemoveAll(absl::Time now, bool force,
                                               const RE2* key_filter) {
   absl::MutexLock lock(&mu_);

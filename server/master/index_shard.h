@@ -189,6 +189,13 @@ class IndexShard {
   absl::StatusOr<ObjectView> Remove(absl::string_view key, absl::Time now, bool force)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Drops a committed object's replica on the segment named `segment` and returns the object
+  // as it was with only that replica; the object is erased if it was its only one. NotFound
+  // if there is no such object or it has no replica there; OBJECT_HAS_LEASE if a reader
+  // holds a lease (unless `force`) or it is being copied off a draining segment.
+  absl::StatusOr<ObjectView> DropReplica(absl::string_view key, absl::string_view segment,
+                                         absl::Time now, bool force) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Removes every committed object (leased ones only if `force`) and returns them; with
   // `key_filter`, only those whose key it matches somewhere in (RE2::PartialMatch).
   std::vector<ObjectView> RemoveAll(absl::Time now, bool force,

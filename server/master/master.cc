@@ -595,6 +595,27 @@ size_t Master::ForgetSettledRemovals() {
   return unsettled_removals_.size();
 }
 
+Durable<absl::Status> Master::BatchDropReplicas(absl::Span<const std::string> keys,
+                                                const std::string& segment, bool force) {
+  Durable<absl::Status> durable;
+  durable.results.reserve(keys.size());
+  absl::Time now = options_.clock();
+  for (const std::string& key : keys) {
+    absl::Status valid = ValidateKey(key);
+    if (valid.ok() && segment.empty()) {
+      valid = absl::InvalidArgumentError("BatchDropReplicas needs a segment name");
+    }
+    if (!valid.ok()) {
+      durable.results.push_back(valid);
+      continue;
+    }
+    absl::StatusOr<ObjectView> dropped = ShardFor(key).DropReplica(key, segment, now, force);
+    durable.results.push_back(dropped.status());
+    if (dropped.ok()) ForgetOnSegments(absl::MakeConstSpan(&*dropped, 1), &durable.ticket);
+  }
+  return durable;
+}
+
 Durable<uint64_t> Master::RemoveAll(bool force, const RE2* key_filter) {
   Durable<uint64_t> durable;
   absl::Time now = options_.clock();

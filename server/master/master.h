@@ -246,6 +246,10 @@ class Master {
   static constexpr absl::Duration kRemovalRetryWindow = absl::Minutes(10);
   // Removals kept for a retry at most (past it, a retry answers OBJECT_NOT_FOUND).
   static constexpr size_t kMaxUnsettledRemovals = 1 << 20;
+  // Per key: its replica on `segment` dropped (IndexShard::DropReplica), InvalidArgument for
+  // a bad key or an empty segment name.
+  Durable<absl::Status> BatchDropReplicas(absl::Span<const std::string> keys,
+                                          const std::string& segment, bool force);
   // Every committed object, or with `key_filter` those whose key it matches somewhere in.
   Durable<uint64_t> RemoveAll(bool force, const RE2* key_filter = nullptr);
 

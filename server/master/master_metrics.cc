@@ -9,7 +9,8 @@ const char* RpcName(Rpc rpc) {
   static constexpr const char* kNames[] = {
       "MountSegment", "RestoreManifest",     "UnmountSegment", "Heartbeat",   "BatchPutStart",
       "BatchPutEnd",  "BatchPutRevoke",      "BatchGetReplicaList", "BatchExist", "BatchRemove",
-      "RemoveAll",    "DrainSegment",        "MigrateStart",   "MigrateEnd",  "GetClusterStatus"};
+      "RemoveAll",    "DrainSegment",        "MigrateStart",   "MigrateEnd",  "GetClusterStatus",
+      "BatchDropReplicas"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Rpc::kCount));
   return kNames[static_cast<size_t>(rpc)];
 }

@@ -40,6 +40,7 @@ enum class Rpc {
   kMigrateStart,
   kMigrateEnd,
   kGetClusterStatus,
+  kBatchDropReplicas,
   kCount,
 };
 

@@ -227,6 +227,46 @@ TEST_F(MasterTest, RemoveAllWithAKeyFilterRemovesOnlyMatchingKeys) {
   EXPECT_EQ(master_.GetClusterSummary().objects, 0u);
 }
 
+TEST_F(MasterTest, DropReplicasLeavesTheOtherReplicasAndHonoursLeases) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  PutStartResult two = PutStart("two", 1000, 2);
+  ASSERT_EQ(two.placements.size(), 2u);
+  ASSERT_TRUE(Commit("two", two.put_id).ok());
+  ASSERT_TRUE(Put("one", 1000).ok());
+  std::string one_segment = master_.BatchGetReplicaList({"one"})[0].replicas[0].segment_name;
+  now_ += absl::Seconds(11);  // the get's lease is over
+
+  std::vector<std::string> keys = {"two", "absent", ""};
+  Durable<absl::Status> dropped = master_.BatchDropReplicas(keys, "a", false);
+  ASSERT_EQ(dropped.results.size(), 3u);
+  EXPECT_TRUE(dropped.results[0].ok()) << dropped.results[0];
+  EXPECT_EQ(dropped.results[1].code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(dropped.results[2].code(), absl::StatusCode::kInvalidArgument);
+  Applied();
+  GetResult left = master_.BatchGetReplicaList({"two"})[0];
+  ASSERT_TRUE(left.status.ok()) << left.status;
+  ASSERT_EQ(left.replicas.size(), 1u);
+  EXPECT_EQ(left.replicas[0].segment_name, "b");
+  // No replica there any more; an empty segment name is refused.
+  EXPECT_EQ(master_.BatchDropReplicas({"two"}, "a", false).results[0].code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(master_.BatchDropReplicas({"two"}, "", false).results[0].code(),
+            absl::StatusCode::kInvalidArgument);
+  // The get above leased it: refused unless forced.
+  absl::Status leased = master_.BatchDropReplicas({"two"}, "b", false).results[0];
+  EXPECT_EQ(ToErrorCode(leased), v1::OBJECT_HAS_LEASE) << leased;
+  // Dropping an object's only replica removes the object and frees its space.
+  EXPECT_TRUE(master_.BatchDropReplicas({"two"}, "b", true).results[0].ok());
+  EXPECT_TRUE(master_.BatchDropReplicas({"one"}, one_segment, false).results[0].ok());
+  Applied();
+  EXPECT_FALSE(Exists("two"));
+  EXPECT_FALSE(Exists("one"));
+  ClusterSummary summary = master_.GetClusterSummary();
+  EXPECT_EQ(summary.objects, 0u);
+  EXPECT_EQ(summary.used_bytes, 0u);
+}
+
 TEST_F(MasterTest, SilentSegmentIsDeclaredDeadAfterTheTtlWithItsObjects) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());

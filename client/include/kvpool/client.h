@@ -242,6 +242,12 @@ class Client {
   // `force` removes objects that readers hold a lease on.
   absl::Status Remove(absl::string_view key, bool force = false);
   std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force = false);
+  // Per key: drops its replica on the segment named `segment`, leaving the others (an
+  // object whose only replica it was is removed). OK; NotFound (no such object, or no replica
+  // there); OBJECT_HAS_LEASE (a reader's lease, unless `force`); InvalidArgument (empty
+  // segment name); WRITE_FAIL (dropped, not yet durable: retry).
+  std::vector<absl::Status> BatchDropReplicas(absl::Span<const std::string> keys,
+                                              absl::string_view segment, bool force = false);
   // Removes every committed object (leased ones only if `force`); returns how many.
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
   // Removes the committed objects whose key `pattern` (an RE2 regular expression: ECMAScript's

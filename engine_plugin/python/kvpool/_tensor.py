@@ -9,7 +9,8 @@ through Mooncake read back alike:
     24      u64 data_offset (304), u64 data_bytes
     40      i64 global_shape[8], i64 local_shape[8] (unused dims -1)
     168     u32 axis_count, u32 reserved, then 4 axes of {i32 kind, axis_index, shard_rank,
-            shard_count, split_dim, reserved; i64 reserved}
+            shard_count, split_dim (-1: none), reserved0 (EP expert_id / PP stage_id);
+            i64 reserved1 (the shard's extent along split_dim)}
 """
 
 import struct
@@ -49,7 +50,8 @@ class TensorFormatError(ValueError):
 
 
 def header(dtype_code, global_shape, local_shape, data_bytes, axes=()):
-    """The 304-byte header; `axes` are (kind, index, rank, count, split_dim) tuples."""
+    """The 304-byte header; `axes` are (kind, index, rank, count, split_dim[, reserved0,
+    reserved1]) tuples (reserved fields default to 0)."""
     if len(global_shape) > MAX_DIMS:
         raise TensorFormatError(f"a tensor object holds at most {MAX_DIMS} dimensions")
     layout_kind = 1 if axes else 0
@@ -60,23 +62,29 @@ def header(dtype_code, global_shape, local_shape, data_bytes, axes=()):
         return _SHAPE.pack(*(list(dims) + [-1] * (MAX_DIMS - len(dims))))
 
     axes = list(axes)[:MAX_AXES]
-    packed_axes = b"".join(_AXIS.pack(k, i, r, c, d, 0, 0) for k, i, r, c, d in axes)
+    packed_axes = b"".join(_AXIS.pack(*(tuple(a) + (0, 0))[:7]) for a in axes)
     packed_axes += bytes(_AXIS.size * (MAX_AXES - len(axes)))
     return head + shape(global_shape) + shape(local_shape) + _AXES.pack(len(axes), 0) + packed_axes
 
 
 class Parsed:
-    """A parsed header: dtype, local shape, where the data starts and how long it is."""
+    """A parsed header: dtype, local shape, where the data starts and how long it is; `axes`
+    are (kind, index, rank, count, split_dim, reserved0, reserved1) tuples, `layout_kind` 0
+    for a whole tensor, 1 for a shard."""
 
-    __slots__ = ("dtype", "shape", "global_shape", "data_offset", "data_bytes", "axes")
+    __slots__ = ("dtype", "shape", "global_shape", "data_offset", "data_bytes", "axes",
+                 "layout_kind", "dtype_code")
 
-    def __init__(self, dtype, shape, global_shape, data_offset, data_bytes, axes):
+    def __init__(self, dtype, shape, global_shape, data_offset, data_bytes, axes,
+                 layout_kind=0, dtype_code=0):
         self.dtype = dtype
         self.shape = shape
         self.global_shape = global_shape
         self.data_offset = data_offset
         self.data_bytes = data_bytes
         self.axes = axes
+        self.layout_kind = layout_kind
+        self.dtype_code = dtype_code
 
 
 def parse(buf, total=None):
@@ -85,7 +93,7 @@ def parse(buf, total=None):
     total = len(view) if total is None else total
     if total < HEADER_SIZE or len(view) < HEADER_SIZE:
         raise TensorFormatError(f"{total} bytes are too few for a tensor object")
-    magic, version, header_size, dtype_code, ndim, _kind, _flags, data_offset, data_bytes = (
+    magic, version, header_size, dtype_code, ndim, kind, _flags, data_offset, data_bytes = (
         _HEAD.unpack_from(view, 0))
     if magic != MAGIC or version != VERSION:
         raise TensorFormatError("not a tensor object (bad magic or version)")
@@ -99,8 +107,7 @@ def parse(buf, total=None):
     axes = []
     base = _HEAD.size + 2 * _SHAPE.size + _AXES.size
     for i in range(min(count, MAX_AXES)):
-        k, idx, r, c, d, _, _ = _AXIS.unpack_from(view, base + i * _AXIS.size)
-        axes.append((k, idx, r, c, d))
+        axes.append(_AXIS.unpack_from(view, base + i * _AXIS.size))
     dtype = CODE_TO_DTYPE[dtype_code]
     numel = 1
     for d in local_shape:
@@ -113,7 +120,8 @@ def parse(buf, total=None):
     if data_bytes != expected or data_offset + data_bytes > total:
         raise TensorFormatError(
             f"tensor header promises {expected} data bytes at {data_offset}, object has {total}")
-    return Parsed(dtype, local_shape, global_shape, data_offset, data_bytes, axes)
+    return Parsed(dtype, local_shape, global_shape, data_offset, data_bytes, axes, kind,
+                  dtype_code)
 
 
 def check_tensor(tensor):

@@ -19,8 +19,9 @@ A store that was never set up (or was closed) raises StoreNotSetUpError from eve
 close() (0), health_check() (1) and get_hostname() (""), instead of returning an unrelated code.
 Where kvpool has no such subsystem (SSD offload, CXL, NVMe-oF, the transfer engine) the
 argument is accepted and a warning says it has no effect. Mooncake's unified parallelism API
-(ParallelAxis, TensorParallelism, ReadTarget and the *_with_parallelism calls) is not provided:
-code that probes for those names sees them absent. docs/engine_plugin.md lists the differences.
+(ParallelAxis, TensorParallelism, ReadTarget and the *_tensor_with_parallelism* calls) is in
+kvpool._parallel, with Mooncake's keys and object layouts; the put/get session calls in
+kvpool._sessions. docs/engine_plugin.md lists the differences.
 """
 
 import ctypes
@@ -33,13 +34,16 @@ import warnings
 from enum import IntEnum
 
 from kvpool import _kvpool
+from kvpool import _parallel
+from kvpool import _sessions
 from kvpool import _tensor
+from kvpool._parallel import ParallelAxis, ReadTarget, TensorParallelism
 
 __all__ = [
     "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
     "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "Descriptor", "BufferHandle",
     "MooncakeHostMemAllocator", "ObjectDataType", "TaskType", "TaskStatus",
-    "StoreNotSetUpError", "Store",
+    "ParallelAxis", "TensorParallelism", "ReadTarget", "StoreNotSetUpError", "Store",
 ]
 
 Store = _kvpool.Store
@@ -332,7 +336,8 @@ def _free_port(host_ip):
     return next((p for p in candidates[:200] if _port_is_free(host_ip, p)), 0)
 
 
-class MooncakeDistributedStore(_kvpool.Store):
+class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixin,
+                               _kvpool.Store):
     """Mooncake's MooncakeDistributedStore over a kvpool pool (see the module docstring)."""
 
     def __init__(self):
@@ -743,21 +748,18 @@ class MooncakeDistributedStore(_kvpool.Store):
         return _kvpool.Store._remove_by_regex(self, regex_pattern, force)
 
     def batch_replica_clear(self, keys, segment_name=""):
-        """Drops the keys' replicas (everywhere, or only the keys with a replica on
-        segment_name); returns the keys cleared. kvpool removes an object's replicas together.
-        Without segment_name a key a reader holds a lease on is skipped; with one, finding the
-        key's replicas leases it, so readers' leases are not told apart and do not stop it."""
+        """Drops the keys' replicas, everywhere (the whole object) or only the replica on
+        segment_name (the object stays readable from its other replicas; one whose only
+        replica that was is removed); returns the keys cleared. A key a reader holds a lease
+        on, or that has no replica on segment_name, is skipped, as by Mooncake's master."""
         self._require("batch_replica_clear")
         keys = list(keys)
         if not keys:
             return []
-        force = False
         if segment_name:
-            descs = self.batch_get_replica_desc(keys)
-            keys = [k for k in keys if any(d.segment_name == segment_name
-                                           for d in descs.get(k, []))]
-            force = True
-        codes = _kvpool.Store.batch_remove(self, keys, force) if keys else []
+            codes = _kvpool.Store._drop_replicas(self, keys, segment_name, False)
+        else:
+            codes = _kvpool.Store.batch_remove(self, keys, False)
         return [k for k, c in zip(keys, codes) if c == OK]
 
     def get_replica_desc(self, key):
@@ -965,7 +967,7 @@ class MooncakeDistributedStore(_kvpool.Store):
                 continue
             codes = []
             for rank, shard in enumerate(shards):
-                axes = [(_tensor.AXIS_KINDS["tp"], 0, rank, tp_size, dim)]
+                axes = [(_tensor.AXIS_KINDS["tp"], 0, rank, tp_size, dim, 0, shard.shape[dim])]
                 codes += self._put_tensors(method, [self._tp_key(key, rank)], [shard], config,
                                            upsert, shard=(full, axes))
             results.append(next((c for c in codes if c != OK), OK))

@@ -155,6 +155,67 @@ def test_put_takes_a_replicate_config(pool):
     store.close()
 
 
+def test_batch_replica_clear_drops_one_segments_replica(pool):
+    master = pool.master(embedded_segment_size="0")
+    a = pool.segment(master, "16MiB")
+    b = pool.segment(master, "16MiB")
+    store = MooncakeDistributedStore()
+    assert store.setup("localhost", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", master) == 0
+    config = ReplicateConfig()
+    config.replica_num = 2
+    assert store.put("k", b"both" * 100, config) == 0
+    assert store.put("w", b"whole") == 0
+    # The replica on a goes, the one on b stays and serves reads.
+    assert store.batch_replica_clear(["k", "absent"], segment_name=a) == ["k"]
+    assert store.get("k") == b"both" * 100
+    assert [d.segment_name for d in store.get_replica_desc("k")] == [b]
+    # Those reads leased k: a clear is refused until the lease ends (Mooncake's master).
+    assert store.batch_replica_clear(["k"], segment_name=b) == []
+    assert store.batch_replica_clear(["k"], segment_name="nonexistent:1") == []
+    assert store.get("k") == b"both" * 100
+    # Without a segment name the whole object goes.
+    assert store.batch_replica_clear(["w"]) == ["w"]
+    assert store.get("w") == b""
+    assert store.batch_replica_clear([]) == []
+    assert store.remove("k", True) == 0
+    store.close()
+
+
+def test_put_and_get_sessions_by_ranges(mc):
+    page, layers = 256, 3
+    src, src_ptr = buffer(page * layers)
+    for i in range(len(src)):
+        src[i] = i % 251
+    dst, dst_ptr = buffer(page * layers, fill=0xEE)
+    assert mc.batch_put_session_start(["s", "bad"], [page * layers, 0]) == [
+        0, kvpool.INVALID_PARAMS]
+    for layer in reversed(range(layers)):  # any order; the object is visible only at the end
+        rcs = mc.batch_put_from_multi_buffer_ranges(["s"], [[src_ptr + layer * page]], [[page]],
+                                                    [[layer * page]])
+        assert rcs == [page]
+        assert mc.is_exist("s") == 0
+    # A range past the object, or a key without a session: refused, nothing copied.
+    assert mc.batch_put_from_multi_buffer_ranges(["s", "none"], [[src_ptr], [src_ptr]],
+                                                 [[page * layers + 1], [1]], [[0], [0]]) == [
+        kvpool.INVALID_PARAMS, kvpool.INVALID_PARAMS]
+    assert mc.batch_put_session_end(["s", "none"]) == [0, kvpool.INVALID_PARAMS]
+    assert mc.get("s") == bytes(src)
+    assert mc.batch_get_session_start(["s", "missing"]) == [0, NOT_FOUND]
+    rcs = mc.batch_get_into_multi_buffer_ranges(
+        ["s", "missing"], [[dst_ptr + page, dst_ptr], [dst_ptr]], [[page, page], [1]],
+        [[page, 0], [0]])
+    assert rcs == [2 * page, kvpool.INVALID_PARAMS]
+    assert bytes(dst)[:2 * page] == bytes(src)[:2 * page]
+    assert bytes(dst)[2 * page:] == b"\xee" * page
+    assert mc.batch_get_session_end(["s"]) == 0
+    assert mc.batch_get_into_multi_buffer_ranges(["s"], [[dst_ptr]], [[1]], [[0]]) == [
+        kvpool.INVALID_PARAMS]
+    assert mc.batch_put_session_start(["r"], [10]) == [0]
+    assert mc.batch_put_session_revoke(["r", "r"]) == [0, kvpool.INVALID_PARAMS]
+    assert mc.batch_put_session_end(["r"]) == [kvpool.INVALID_PARAMS]
+    assert mc.is_exist("r") == 0
+
+
 def test_pressure_is_minus_200(pool):
     master = pool.master(embedded_segment_size="0")
     pool.segment(master, "4MiB")
