@@ -3,11 +3,13 @@
 #include <functional>
 
 // The master's gRPC service (callback API): converts protos to core types, calls Master,
-// converts back. No logic of its own, and nothing here blocks: calls that wait (a segment's
+// converts back. No logic of its own (each call is admitted by the Authenticator first, and
+// keys are put in the caller's tenant namespace, tenant_keys.h), and nothing here blocks: calls that wait (a segment's
 // long-poll heartbeat, a commit waiting for segments to record it) park their reactor with
 // ManifestSync and finish from its callback.
 
 #include "kvpool/v1/master.grpc.pb.h"
+#include "server/master/authenticator.h"
 #include "server/master/master.h"
 #include "server/master/master_metrics.h"
 
@@ -15,7 +17,9 @@ namespace kvpool::master {
 
 class MasterGrpcService final : public v1::MasterService::CallbackService {
  public:
-  MasterGrpcService(Master& master, MasterMetrics& metrics) : master_(master), metrics_(metrics) {}
+  // All three must outlive the service.
+  MasterGrpcService(Master& master, MasterMetrics& metrics, Authenticator& auth)
+      : master_(master), metrics_(metrics), auth_(auth) {}
 
   grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
                                          const v1::MountSegmentRequest* request,
@@ -77,6 +81,7 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
 
   Master& master_;
   MasterMetrics& metrics_;
+  Authenticator& auth_;
 };
 
 }  // namespace kvpool::master
