@@ -455,6 +455,47 @@ TEST_F(AuthTest, KvpoolctlCarriesItsToken) {
   EXPECT_NE(ctl_put_rc, 0) << ctl_put;
 }
 
+TEST(TenantQuotaTest, ATenantOverItsQuotaGetsNoAvailableHandleWhileOthersPut) {
+  std::string dir = TestDir();
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(
+      {"--embedded-segment-size=0", "--auth-tokens=" + WriteFile(dir + "/tokens-q", TokenRules()),
+       "--tenant-quotas=team-a=96KiB"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(
+      master->grpc, "16MiB",
+      {"--name=seg-1", "--auth-token-file=" + WriteFile(dir + "/seg-1.token", kSegment1)});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  auto connect = [&](const char* token) {
+    ClientOptions options;
+    options.master_address = master->grpc;
+    options.transport = TransportKind::kTcp;
+    options.auth_token = token;
+    return std::move(Client::Create(options).value());
+  };
+  std::unique_ptr<Client> a = connect(kEngineA);
+  std::unique_ptr<Client> b = connect(kEngineB);
+  const std::string value(64 << 10, 'a');
+  ASSERT_TRUE(a->Put("first", value).ok());
+  absl::Status over = a->Put("second", value);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "quota")) << over;
+  // The pool is far from full: tenant b puts as much as it likes.
+  for (int i = 0; i < 4; ++i) {
+    absl::Status put = b->Put(absl::StrCat("b-", i), value);
+    EXPECT_TRUE(put.ok()) << put;
+  }
+  // Once a's first object goes, a has room again; nothing was lost meanwhile.
+  EXPECT_EQ(a->Get("first").value_or(""), value);
+  ASSERT_TRUE(a->BatchRemove(std::vector<std::string>{"first"}, true)[0].ok());
+  EXPECT_TRUE(a->Put("second", value).ok());
+  absl::StatusOr<std::string> metrics = testing::HttpGet(master->http, "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_TRUE(absl::StrContains(*metrics, "kvpool_tenant_used_bytes{tenant=\"team-a\"} 65536"))
+      << *metrics;
+  EXPECT_TRUE(absl::StrContains(*metrics, "kvpool_tenant_quota_bytes{tenant=\"team-a\"} 98304"))
+      << *metrics;
+}
+
 // --- TLS ---
 
 class TlsTest : public ::testing::Test {

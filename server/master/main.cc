@@ -61,6 +61,10 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "certificate of one of its rules, and acts within that rule's role and tenant (see "
           "docs/operations.md, Security). Re-read when it changes. Empty: no authentication "
           "(loopback only, unless --insecure)");
+ABSL_FLAG(std::string, tenant_quotas, "",
+          "Byte quotas per tenant of the credentials file, e.g. team-a=10GiB,team-b=512MiB: a "
+          "put of a tenant at its quota answers NO_AVAILABLE_HANDLE (objects counted once, "
+          "pending or committed). Empty: none");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC server: TLS on");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -152,6 +156,10 @@ int main(int argc, char** argv) {
   if (options.lease_ttl <= absl::ZeroDuration() || options.put_timeout <= absl::ZeroDuration()) {
     return Fail(absl::InvalidArgumentError("--lease-ttl and --put-timeout must be above 0"));
   }
+  absl::StatusOr<absl::flat_hash_map<std::string, uint64_t>> quotas =
+      kvpool::master::ParseTenantQuotas(absl::GetFlag(FLAGS_tenant_quotas));
+  if (!quotas.ok()) return Fail(quotas.status());
+  options.tenant_quotas = *std::move(quotas);
   kvpool::master::Master master(options);
 
   std::string listen = absl::GetFlag(FLAGS_listen);
@@ -242,9 +250,12 @@ int main(int argc, char** argv) {
     }
     return kvpool::HttpResponse{200, "text/plain; version=0.0.4", std::move(body)};
   });
-  http.Handle("/metrics", [&metrics, &auth](const kvpool::HttpRequest&) {
+  http.Handle("/metrics", [&metrics, &auth, &master](const kvpool::HttpRequest&) {
     std::vector<prometheus::MetricFamily> families = metrics.Collect();
     for (prometheus::MetricFamily& family : auth->Collect()) families.push_back(std::move(family));
+    for (prometheus::MetricFamily& family : master.tenant_usage().Collect()) {
+      families.push_back(std::move(family));
+    }
     return kvpool::HttpResponse{200, "text/plain; version=0.0.4",
                                 kvpool::SerializeMetrics(families)};
   });
