@@ -686,7 +686,7 @@ TEST(SafeDefaultsTest, TheDefaultPoolIsLoopbackOnlyAndSaysSo) {
     absl::StatusOr<std::string> line = (*master)->WaitForLine("I", absl::Seconds(30));
     ASSERT_TRUE(line.ok()) << line.status();
     said = absl::StrContains(
-        *line, "listening on loopback only, without TLS, without authentication");
+        *line, "addresses: loopback only, without TLS, without authentication");
   }
   EXPECT_TRUE(said);
   absl::StatusOr<std::string> ready = (*master)->WaitForLine("kvpool-master", absl::Seconds(30));

@@ -25,8 +25,8 @@ absl::StatusOr<ExposureVerdict> CheckExposure(const Exposure& exposure) {
   const bool secured = exposure.tls && exposure.authenticated;
   ExposureVerdict verdict;
   if (exposed.empty()) {
-    verdict.message = secured ? "TLS and authentication on; listening on loopback only"
-                              : absl::StrCat("listening on loopback only",
+    verdict.message = secured ? "TLS and authentication on; addresses: loopback only"
+                              : absl::StrCat("addresses: loopback only",
                                              exposure.tls ? "" : ", without TLS",
                                              exposure.authenticated ? ""
                                                                     : ", without authentication",
