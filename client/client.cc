@@ -16,6 +16,7 @@
 #include "common/net.h"
 #include "proto/checksum.h"
 #include "proto/error_codes.h"
+#include "proto/tls.h"
 
 namespace kvpool {
 
@@ -69,6 +70,13 @@ std::vector<iovec> Truncated(absl::Span<const MutableBuffer> parts, uint64_t siz
   return iov;
 }
 
+ClientTlsOptions TlsOptionsOf(const ClientOptions& options) {
+  return ClientTlsOptions{.ca_file = options.tls_ca_file,
+                          .cert_file = options.tls_cert_file,
+                          .key_file = options.tls_key_file,
+                          .server_name = options.tls_server_name};
+}
+
 }  // namespace
 
 struct Client::Impl {
@@ -76,7 +84,7 @@ struct Client::Impl {
       : options(o),
         local_host(o.local_host.empty() ? LocalHostName() : o.local_host),
         machine_id(MachineId()),
-        master(o.master_address, o.rpc_timeout),
+        master(o.master_address, o.rpc_timeout, TlsOptionsOf(o), o.auth_token),
         transport(std::make_unique<client::RoutingTransport>(
             o.transport,
             [this](const std::string& endpoint) { return ShmSocketOf(endpoint); },
@@ -415,6 +423,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     return absl::InvalidArgumentError(
         absl::StrCat("master address: ", address.status().message()));
   }
+  if (absl::Status tls = ValidateClientTls(TlsOptionsOf(options)); !tls.ok()) return tls;
   auto impl = std::make_unique<Impl>(options);
   if (absl::Status ready = impl->master.WaitForMaster(options.connect_timeout); !ready.ok()) {
     return ready;

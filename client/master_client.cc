@@ -6,10 +6,13 @@
 
 namespace kvpool::client {
 
-MasterClient::MasterClient(const std::string& address, absl::Duration rpc_timeout)
+MasterClient::MasterClient(const std::string& address, absl::Duration rpc_timeout,
+                           ClientTlsOptions tls, std::string auth_token)
     : address_(address),
       rpc_timeout_(rpc_timeout),
-      stub_(v1::MasterService::NewStub(MakeMasterChannel(address))) {}
+      tls_(std::move(tls)),
+      auth_token_(std::move(auth_token)),
+      stub_(v1::MasterService::NewStub(MakeMasterChannel(address, tls_))) {}
 
 std::shared_ptr<v1::MasterService::Stub> MasterClient::Stub() {
   absl::MutexLock lock(&mu_);
@@ -20,7 +23,7 @@ void MasterClient::Reconnect() {
   absl::MutexLock lock(&mu_);
   if (absl::Now() - reconnected_ < absl::Seconds(1)) return;
   reconnected_ = absl::Now();
-  stub_ = v1::MasterService::NewStub(MakeMasterChannel(address_));
+  stub_ = v1::MasterService::NewStub(MakeMasterChannel(address_, tls_));
 }
 
 template <typename Request, typename Response>
@@ -30,6 +33,7 @@ absl::StatusOr<Response> MasterClient::Call(Method<Request, Response> method,
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context.set_wait_for_ready(wait_for_ready);
+  AttachToken(context, auth_token_);
   Response response;
   grpc::Status status = (Stub().get()->*method)(&context, request, &response);
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Reconnect();
@@ -41,6 +45,10 @@ absl::Status MasterClient::WaitForMaster(absl::Duration timeout) {
   absl::StatusOr<v1::GetClusterStatusResponse> status = Call(
       &v1::MasterService::Stub::GetClusterStatus, v1::GetClusterStatusRequest(), timeout, true);
   if (status.ok()) return absl::OkStatus();
+  // The master answered, and refused these credentials: say so, not "no master".
+  if (absl::IsUnauthenticated(status.status()) || absl::IsPermissionDenied(status.status())) {
+    return status.status();
+  }
   return WithErrorCode(absl::UnavailableError(absl::StrCat("no kvpool-master answered at ",
                                                            address_, " within ", absl::FormatDuration(timeout), ": ",
                                                            status.status().message())),

@@ -12,12 +12,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvpool/v1/master.grpc.pb.h"
+#include "proto/tls.h"
 
 namespace kvpool::client {
 
 class MasterClient {
  public:
-  MasterClient(const std::string& address, absl::Duration rpc_timeout);
+  // Over TLS when tls.enabled() (validate it first: ValidateClientTls); `auth_token`, if not
+  // empty, goes with every call (AttachToken).
+  MasterClient(const std::string& address, absl::Duration rpc_timeout,
+               ClientTlsOptions tls = {}, std::string auth_token = {});
 
   // Waits up to `timeout` for the master to answer (Unavailable if it does not).
   absl::Status WaitForMaster(absl::Duration timeout);
@@ -55,6 +59,8 @@ class MasterClient {
 
   const std::string address_;
   const absl::Duration rpc_timeout_;
+  const ClientTlsOptions tls_;
+  const std::string auth_token_;
   absl::Mutex mu_;
   std::shared_ptr<v1::MasterService::Stub> stub_ ABSL_GUARDED_BY(mu_);
   absl::Time reconnected_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

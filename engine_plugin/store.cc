@@ -48,7 +48,8 @@ absl::StatusOr<segment::SegmentOptions> InProcessSegmentOptions(const StoreConfi
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
-                                                   const ClientOptions& client_options) {
+                                                   const ClientOptions& client_options,
+                                                   const std::string& segment_auth_token) {
   if (config.protocol == "rdma") {
     KVPOOL_LOG(WARNING) << "protocol \"rdma\" requested; kvpool moves the bytes over TCP until "
                            "its RDMA transport is available";
@@ -59,6 +60,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
   if (config.global_segment_size > 0) {
     absl::StatusOr<segment::SegmentOptions> segment_options = InProcessSegmentOptions(config);
     if (!segment_options.ok()) return segment_options.status();
+    segment_options->master_tls = {.ca_file = client_options.tls_ca_file,
+                                   .cert_file = client_options.tls_cert_file,
+                                   .key_file = client_options.tls_key_file,
+                                   .server_name = client_options.tls_server_name};
+    segment_options->master_auth_token = segment_auth_token;
     absl::StatusOr<std::unique_ptr<segment::Segment>> started =
         segment::Segment::Start(*segment_options);
     if (!started.ok()) return started.status();

@@ -32,9 +32,12 @@ class Store : public StoreBackend {
  public:
   // Connects to the master, then starts and mounts the in-process segment if
   // global_segment_size > 0. Unavailable if the master does not answer or does not accept
-  // the segment; the client's other errors as they are.
+  // the segment; the client's other errors as they are. The in-process segment reaches the
+  // master over the client's TLS settings (ClientOptions::tls_*) and authenticates with
+  // `segment_auth_token` (a segment rule named as the segment: local_hostname with a port).
   static absl::StatusOr<std::unique_ptr<Store>> Open(const StoreConfig& config,
-                                                     const ClientOptions& client_options = {});
+                                                     const ClientOptions& client_options = {},
+                                                     const std::string& segment_auth_token = "");
   ~Store() override;
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

@@ -18,6 +18,8 @@ build_packages=(
 test_packages=(
   python3-pytest python3-numpy python3-torch
   redis-server procps
+  # tests/security_test makes its CA and certificates at test time with the openssl CLI
+  openssl
   # deploy checks (deploy/CMakeLists.txt): PyYAML, and Go with the sources of Helm's template
   # functions, to build deploy/tools/helmrender offline
   python3-yaml golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/size.h"
+#include "client/tools/credential_flags.h"
 #include "kvpool/client.h"
 
 ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master");
@@ -318,6 +319,9 @@ int main(int argc, char** argv) {
   options.rpc_timeout = absl::GetFlag(FLAGS_timeout);
   options.transfer_timeout = absl::GetFlag(FLAGS_timeout);
   options.connect_timeout = absl::GetFlag(FLAGS_timeout);
+  if (absl::Status credentials = kvpool::ApplyCredentialFlags(options); !credentials.ok()) {
+    return Report(credentials, "connect");
+  }
   std::string transport = absl::GetFlag(FLAGS_transport);
   if (transport == "tcp") {
     options.transport = kvpool::TransportKind::kTcp;

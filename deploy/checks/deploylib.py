@@ -80,7 +80,8 @@ BINARY_SOURCES = {
                       "common", "proto"],
     "kvpool-segment": ["server/segment/main.cc", "server/segment", "server/common", "common",
                        "proto"],
-    "kvpoolctl": ["client/tools/kvpoolctl.cc", "client", "common", "proto"],
+    "kvpoolctl": ["client/tools/kvpoolctl.cc", "client/tools/credential_flags.cc", "client",
+                  "common", "proto"],
 }
 
 

@@ -274,6 +274,30 @@ def panels():
                    targets((f"sum by (op) (rate(kvpool_client_bytes_total[{RATE}]))", "{{op}}")),
                    "Bps", 16, y, w=8),
     ]
+    y += 8
+
+    p.append(row("Security and tenants (docs/operations.md, Security)", y)); y += 1
+    p += [
+        stat("Authentication", "1 when callers must authenticate (--auth-tokens), and the "
+             "rules of the credentials file in force.", "max(kvpool_auth_enabled)", "short",
+             0, y, [(None, "red"), (1, "green")], w=3),
+        stat("Credential rules", "Rules of the credentials file in force.",
+             "max(kvpool_auth_rules)", "short", 3, y, [(None, "blue")], w=3),
+        timeseries("Refused calls", "Calls refused per second, by method and reason "
+                   "(no_credentials, unknown_token, unknown_certificate: UNAUTHENTICATED; "
+                   "wrong_role, other_segment: PERMISSION_DENIED).",
+                   targets((f"sum by (method, reason) (rate(kvpool_auth_refusals_total[{RATE}]))",
+                            "{{method}} {{reason}}")),
+                   "reqps", 6, y, w=6, overrides=[red_series(".*", width=2)]),
+        timeseries("Calls per tenant", "Admitted calls per second, per tenant of the caller.",
+                   targets((f"sum by (tenant) (rate(kvpool_tenant_calls_total[{RATE}]))",
+                            "{{tenant}}")), "reqps", 12, y, w=6),
+        timeseries("Tenant bytes and quotas", "Bytes of each tenant's objects (one copy each) "
+                   "and its quota (--tenant-quotas).",
+                   targets(("sum by (tenant) (kvpool_tenant_used_bytes)", "{{tenant}} used"),
+                           ("sum by (tenant) (kvpool_tenant_quota_bytes)", "{{tenant}} quota")),
+                   "bytes", 18, y, w=6),
+    ]
     return p
 
 

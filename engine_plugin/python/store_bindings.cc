@@ -2,9 +2,12 @@
 
 #include <pybind11/stl.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "kvpool/v1/common.pb.h"
+#include "proto/channel.h"
 
 namespace py = pybind11;
 
@@ -28,6 +31,31 @@ ConfigValue ToConfigValue(const std::string& key, py::handle value) {
   throw py::value_error(absl::StrCat("store config: ", key, " must be a string, number or bool"));
 }
 
+std::string Environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+// Credentials for the master from the environment (the Python API has no place for them):
+// KVPOOL_TLS_CA, KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, KVPOOL_TLS_SERVER_NAME, and token files
+// KVPOOL_AUTH_TOKEN_FILE (the engine's) and KVPOOL_SEGMENT_AUTH_TOKEN_FILE (its in-process
+// segment's), as kvpoolctl and kvpool-bench read them.
+absl::Status CredentialsFromEnvironment(ClientOptions& options, std::string& segment_token) {
+  options.tls_ca_file = Environment("KVPOOL_TLS_CA");
+  options.tls_cert_file = Environment("KVPOOL_TLS_CERT");
+  options.tls_key_file = Environment("KVPOOL_TLS_KEY");
+  options.tls_server_name = Environment("KVPOOL_TLS_SERVER_NAME");
+  for (auto [variable, token] : {std::pair{"KVPOOL_AUTH_TOKEN_FILE", &options.auth_token},
+                                 std::pair{"KVPOOL_SEGMENT_AUTH_TOKEN_FILE", &segment_token}}) {
+    if (std::string path = Environment(variable); !path.empty()) {
+      absl::StatusOr<std::string> read = ReadTokenFile(path);
+      if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat(variable, ": ", read.status().message()));
+      *token = *std::move(read);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Opens the store from a parsed config (closing any earlier one); logs the reason and returns
 // the Mooncake-style code on failure, 0 on success.
 int Open(PyStore& self, const absl::StatusOr<StoreConfig>& config, const char* method) {
@@ -35,10 +63,16 @@ int Open(PyStore& self, const absl::StatusOr<StoreConfig>& config, const char* m
     KVPOOL_LOG(ERROR) << "kvpool.Store." << method << ": " << config.status().message();
     return kInvalidParams;
   }
+  ClientOptions credentials;
+  std::string segment_token;
+  if (absl::Status env = CredentialsFromEnvironment(credentials, segment_token); !env.ok()) {
+    KVPOOL_LOG(ERROR) << "kvpool.Store." << method << ": " << env.message();
+    return kInvalidParams;
+  }
   absl::StatusOr<std::unique_ptr<Store>> store;
   {
     py::gil_scoped_release release;
-    store = Store::Open(*config);
+    store = Store::Open(*config, credentials, segment_token);
   }
   if (!store.ok()) {
     KVPOOL_LOG(ERROR) << "kvpool.Store." << method << ": " << store.status().ToString();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/error_codes.h"
+#include "server/master/tenant_keys.h"
 
 namespace kvpool::master {
 namespace {
@@ -77,12 +78,18 @@ std::string Caller(const grpc::CallbackServerContext* context) {
   return peer;
 }
 
-std::vector<PutRef> ToPutRefs(const google::protobuf::RepeatedPtrField<v1::PutEndItem>& items,
-                              const std::string& caller) {
+// The refs of a commit or revoke, with their keys in `identity`'s namespace.
+absl::StatusOr<std::vector<PutRef>> ToPutRefs(
+    const google::protobuf::RepeatedPtrField<v1::PutEndItem>& items, const std::string& caller,
+    const Identity& identity) {
+  std::vector<std::string> keys;
+  keys.reserve(items.size());
+  for (const v1::PutEndItem& item : items) keys.push_back(item.key());
+  if (absl::Status scoped = ScopeKeys(identity, keys); !scoped.ok()) return scoped;
   std::vector<PutRef> puts;
   puts.reserve(items.size());
-  for (const v1::PutEndItem& item : items) {
-    puts.push_back(PutRef{item.key(), item.put_id(), item.checksum(), caller});
+  for (int i = 0; i < items.size(); ++i) {
+    puts.push_back(PutRef{std::move(keys[i]), items[i].put_id(), items[i].checksum(), caller});
   }
   return puts;
 }
@@ -132,6 +139,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
                                                           const v1::MountSegmentRequest* request,
                                                           v1::MountSegmentResponse* response) {
   Call call(metrics_, Rpc::kMountSegment, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kMountSegment, request->name());
+  if (!caller.ok()) return call.Finish(caller.status());
   SegmentInfo info;
   info.name = request->name();
   info.host = request->host();
@@ -154,6 +163,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::RestoreManifest(
     grpc::CallbackServerContext* context, const v1::RestoreManifestRequest* request,
     v1::RestoreManifestResponse* response) {
   Call call(metrics_, Rpc::kRestoreManifest, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kRestoreManifest, request->name());
+  if (!caller.ok()) return call.Finish(caller.status());
   std::vector<ManifestRecord> records;
   records.reserve(request->records_size());
   for (const v1::ManifestRecord& r : request->records()) {
@@ -174,6 +185,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::UnmountSegment(
     grpc::CallbackServerContext* context, const v1::UnmountSegmentRequest* request,
     v1::UnmountSegmentResponse* response) {
   Call call(metrics_, Rpc::kUnmountSegment, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kUnmountSegment, request->name());
+  if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<uint64_t> dropped =
       master_.UnmountSegment(request->name(), request->incarnation());
   if (dropped.ok()) response->set_objects_dropped(*dropped);
@@ -184,6 +197,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
                                                        const v1::HeartbeatRequest* request,
                                                        v1::HeartbeatResponse* response) {
   Call call(metrics_, Rpc::kHeartbeat, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kHeartbeat, request->name());
+  if (!caller.ok()) return call.Finish(caller.status());
   Master::HeartbeatReply reply = master_.Heartbeat(request->name(), request->incarnation());
   response->set_known(reply.known);
   response->set_drained(reply.drained);
@@ -211,14 +226,18 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
     grpc::CallbackServerContext* context, const v1::BatchPutStartRequest* request,
     v1::BatchPutStartResponse* response) {
   Call call(metrics_, Rpc::kBatchPutStart, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchPutStart, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   std::vector<uint64_t> sizes(request->sizes().begin(), request->sizes().end());
   PutStartOptions options{.replica_num = request->replica_num(),
                           .pin = FromProto(request->pin()),
                           .preferred_host = request->preferred_host(),
                           .preferred_machine_id = request->preferred_machine_id(),
                           .owner = Caller(context)};
+  std::vector<std::string> keys = ToKeys(request->keys());
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
   absl::StatusOr<std::vector<PutStartResult>> results =
-      master_.BatchPutStart(ToKeys(request->keys()), sizes, options);
+      master_.BatchPutStart(keys, sizes, options);
   if (!results.ok()) return call.Finish(results.status());
   std::vector<int32_t> codes;
   for (const PutStartResult& result : *results) {
@@ -239,7 +258,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
                                                          const v1::BatchPutEndRequest* request,
                                                          v1::BatchPutEndResponse* response) {
   Call call(metrics_, Rpc::kBatchPutEnd, context);
-  Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items(), Caller(context)));
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchPutEnd, {});
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<std::vector<PutRef>> puts = ToPutRefs(request->items(), Caller(context), *caller);
+  if (!puts.ok()) return call.Finish(puts.status());
+  Durable<absl::Status> ended = master_.BatchPutEnd(*puts);
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
   // A commit is acknowledged only once every segment holding a replica has recorded it in
   // its manifest; else it is WRITE_FAIL (retryable: BatchPutEnd again with the same put_id).
@@ -279,7 +302,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
     grpc::CallbackServerContext* context, const v1::BatchPutRevokeRequest* request,
     v1::BatchPutRevokeResponse* response) {
   Call call(metrics_, Rpc::kBatchPutRevoke, context);
-  std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items(), Caller(context)));
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchPutRevoke, {});
+  if (!caller.ok()) return call.Finish(caller.status());
+  absl::StatusOr<std::vector<PutRef>> puts = ToPutRefs(request->items(), Caller(context), *caller);
+  if (!puts.ok()) return call.Finish(puts.status());
+  std::vector<absl::Status> revoked = master_.BatchPutRevoke(*puts);
   for (const absl::Status& status : revoked) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchPutRevoke, Codes(revoked));
   return call.Finish(absl::OkStatus());
@@ -289,9 +316,13 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
     grpc::CallbackServerContext* context, const v1::BatchGetReplicaListRequest* request,
     v1::BatchGetReplicaListResponse* response) {
   Call call(metrics_, Rpc::kBatchGetReplicaList, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchGetReplicaList, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   absl::Time now = absl::Now();
   std::vector<int32_t> codes;
-  for (const GetResult& result : master_.BatchGetReplicaList(ToKeys(request->keys()))) {
+  std::vector<std::string> keys = ToKeys(request->keys());
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
+  for (const GetResult& result : master_.BatchGetReplicaList(keys)) {
     codes.push_back(ToErrorCode(result.status));
     v1::GetResult* out = response->add_results();
     out->set_code(codes.back());
@@ -315,8 +346,12 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchExist(grpc::CallbackServerCont
                                                         const v1::BatchExistRequest* request,
                                                         v1::BatchExistResponse* response) {
   Call call(metrics_, Rpc::kBatchExist, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchExist, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   std::vector<int32_t> codes;
-  for (const absl::StatusOr<bool>& exists : master_.BatchExist(ToKeys(request->keys()))) {
+  std::vector<std::string> keys = ToKeys(request->keys());
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
+  for (const absl::StatusOr<bool>& exists : master_.BatchExist(keys)) {
     v1::ExistResult* out = response->add_results();
     out->set_code(ToErrorCode(exists.status()));
     out->set_exists(exists.ok() && *exists);
@@ -331,7 +366,10 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
                                                          const v1::BatchRemoveRequest* request,
                                                          v1::BatchRemoveResponse* response) {
   Call call(metrics_, Rpc::kBatchRemove, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchRemove, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   std::vector<std::string> keys = ToKeys(request->keys());
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
   Durable<absl::Status> removed = master_.BatchRemove(keys, request->force());
   for (const absl::Status& status : removed.results) SetResult(status, response->add_results());
   // A removal is acknowledged only once every segment that held a replica has dropped it
@@ -368,12 +406,19 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchDropReplicas(
     grpc::CallbackServerContext* context, const v1::BatchDropReplicasRequest* request,
     v1::BatchDropReplicasResponse* response) {
   Call call(metrics_, Rpc::kBatchDropReplicas, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchDropReplicas, {});
+  if (!caller.ok()) return call.Finish(caller.status());
+  std::vector<std::string> keys = ToKeys(request->keys());
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
   Durable<absl::Status> dropped =
-      master_.BatchDropReplicas(ToKeys(request->keys()), request->segment(), request->force());
+      master_.BatchDropReplicas(keys, request->segment(), request->force());
   for (const absl::Status& status : dropped.results) SetResult(status, response->add_results());
-  metrics_.RecordKeyCodes(Rpc::kBatchDropReplicas, Codes(dropped.results));
-  // As BatchRemove: acknowledged once the segment has dropped the replica from its manifest.
-  auto not_durable = [response] {
+  // As BatchRemove: acknowledged once the segment has dropped the replica from its manifest;
+  // each key counted under the code it is finally answered.
+  auto record = [this, response] {
+    metrics_.RecordKeyCodes(Rpc::kBatchDropReplicas, Codes(response->results()));
+  };
+  auto not_durable = [response, record] {
     for (v1::KeyResult& result : *response->mutable_results()) {
       if (result.code() == v1::OK) {
         result.set_code(v1::WRITE_FAIL);
@@ -382,15 +427,19 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchDropReplicas(
             "restart before it does could bring the replica back; retry BatchDropReplicas");
       }
     }
+    record();
     return absl::OkStatus();
   };
-  return FinishWhenDurable(call, std::move(dropped.ticket), std::move(not_durable));
+  return FinishWhenDurable(call, std::move(dropped.ticket), std::move(not_durable),
+                           std::move(record));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerContext* context,
                                                        const v1::RemoveAllRequest* request,
                                                        v1::RemoveAllResponse* response) {
   Call call(metrics_, Rpc::kRemoveAll, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kRemoveAll, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   // RE2: linear time in the key, whatever the pattern; a caller's pattern cannot stall a shard.
   std::unique_ptr<RE2> key_filter;
   if (!request->key_regex().empty()) {
@@ -413,6 +462,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerCo
                                                           const v1::DrainSegmentRequest* request,
                                                           v1::DrainSegmentResponse* response) {
   Call call(metrics_, Rpc::kDrainSegment, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kDrainSegment, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   return call.Finish(master_.DrainSegment(request->name(), request->migrate()));
 }
 
@@ -420,6 +471,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateStart(grpc::CallbackServerCo
                                                           const v1::MigrateStartRequest* request,
                                                           v1::MigrateStartResponse* response) {
   Call call(metrics_, Rpc::kMigrateStart, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kMigrateStart, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   absl::StatusOr<MigrateStartResult> started =
       master_.MigrateStart(request->segment(), request->max_objects(), request->max_bytes());
   if (!started.ok()) return call.Finish(started.status());
@@ -441,6 +494,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateEnd(grpc::CallbackServerCont
                                                         const v1::MigrateEndRequest* request,
                                                         v1::MigrateEndResponse* response) {
   Call call(metrics_, Rpc::kMigrateEnd, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kMigrateEnd, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   std::vector<MigrationRef> refs;
   refs.reserve(request->items_size());
   for (const v1::MigrateEndItem& item : request->items()) {
@@ -456,6 +511,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
     grpc::CallbackServerContext* context, const v1::GetClusterStatusRequest* request,
     v1::GetClusterStatusResponse* response) {
   Call call(metrics_, Rpc::kGetClusterStatus, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kGetClusterStatus, {});
+  if (!caller.ok()) return call.Finish(caller.status());
   ClusterSummary summary = master_.GetClusterSummary();
   response->set_capacity_bytes(summary.capacity_bytes);
   response->set_used_bytes(summary.used_bytes);

@@ -3,11 +3,13 @@
 #include <functional>
 
 // The master's gRPC service (callback API): converts protos to core types, calls Master,
-// converts back. No logic of its own, and nothing here blocks: calls that wait (a segment's
+// converts back. No logic of its own (each call is admitted by the Authenticator first, and
+// keys are put in the caller's tenant namespace, tenant_keys.h), and nothing here blocks: calls that wait (a segment's
 // long-poll heartbeat, a commit waiting for segments to record it) park their reactor with
 // ManifestSync and finish from its callback.
 
 #include "kvpool/v1/master.grpc.pb.h"
+#include "server/master/authenticator.h"
 #include "server/master/master.h"
 #include "server/master/master_metrics.h"
 
@@ -15,7 +17,9 @@ namespace kvpool::master {
 
 class MasterGrpcService final : public v1::MasterService::CallbackService {
  public:
-  MasterGrpcService(Master& master, MasterMetrics& metrics) : master_(master), metrics_(metrics) {}
+  // All three must outlive the service.
+  MasterGrpcService(Master& master, MasterMetrics& metrics, Authenticator& auth)
+      : master_(master), metrics_(metrics), auth_(auth) {}
 
   grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
                                          const v1::MountSegmentRequest* request,
@@ -68,9 +72,6 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
 
  private:
   class Call;
-  // Finishes the call once the ticket's manifest records are applied (or time is up).
-  // Answers once the ticket's records are applied; runs `not_durable` first (to mark the
-  // results) if they are not within the manifest sync timeout.
   // Finishes the call once the ticket's records are applied (after running `durable_too`);
   // if they are not in time, `not_durable` runs first (rewriting the per-key results) and its
   // status ends the call.
@@ -80,6 +81,7 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
 
   Master& master_;
   MasterMetrics& metrics_;
+  Authenticator& auth_;
 };
 
 }  // namespace kvpool::master

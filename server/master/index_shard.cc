@@ -127,6 +127,7 @@ absl::StatusOr<ObjectView> IndexShard::Reserve(
   object.replicas = std::move(replicas);
   pending_.PushBack(&object);
   ++counts_.pending;
+  if (usage_hook_) usage_hook_(key, static_cast<int64_t>(object.size));
   return View(object);
 }
 
@@ -404,6 +405,7 @@ absl::Status IndexShard::Restore(absl::string_view key, uint64_t size, uint64_t 
   object.last_access = access_clock.fetch_add(1) + 1;
   ++counts_.committed;
   CountPinLocked(pin, +1);
+  if (usage_hook_) usage_hook_(key, static_cast<int64_t>(size));
   return absl::OkStatus();
 }
 
@@ -441,6 +443,7 @@ void IndexShard::EraseLocked(Map::iterator it, bool free_space) {
     pending_.Unlink(&object);
     --counts_.pending;
   }
+  if (usage_hook_) usage_hook_(it->first, -static_cast<int64_t>(object.size));
   objects_.erase(it);
 }
 

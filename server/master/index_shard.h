@@ -148,6 +148,10 @@ class IndexShard {
                                       const std::string& key, absl::Time until,
                                       bool tokens_live)>;
   void SetReleaser(Releaser releaser) { releaser_ = std::move(releaser); }
+  // Told of every object added (+size, at reservation or restore) and erased (-size), for
+  // per-tenant byte accounting (tenant_usage.h). Called with the shard lock held.
+  using UsageHook = std::function<void(absl::string_view key, int64_t delta)>;
+  void SetUsageHook(UsageHook hook) { usage_hook_ = std::move(hook); }
 
   // Reserves `replica_num` ranges on distinct segments, trying `segments` in the given
   // order (fewer replicas if fewer segments have room; at least one). AlreadyExists if the
@@ -282,6 +286,7 @@ class IndexShard {
   absl::Time last_now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   Releaser releaser_;
+  UsageHook usage_hook_;
 
   mutable absl::Mutex mu_;
   Map objects_ ABSL_GUARDED_BY(mu_);

@@ -15,8 +15,11 @@
 #include "common/periodic_worker.h"
 #include "common/size.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/tls.h"
+#include "server/common/exposure.h"
 #include "server/common/http_server.h"
 #include "server/common/signals.h"
+#include "server/master/authenticator.h"
 #include "server/master/grpc_service.h"
 #include "server/master/master.h"
 #include "server/master/master_metrics.h"
@@ -53,6 +56,27 @@ ABSL_FLAG(double, eviction_ratio, 0.05,
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "Segment heartbeat interval");
 ABSL_FLAG(absl::Duration, segment_ttl, absl::Seconds(10),
           "A segment silent for this long is declared dead and its replicas dropped");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Credentials file: every caller must authenticate with a bearer token or a client "
+          "certificate of one of its rules, and acts within that rule's role and tenant (see "
+          "docs/operations.md, Security). Re-read when it changes. Empty: no authentication "
+          "(loopback only, unless --insecure)");
+ABSL_FLAG(std::string, tenant_quotas, "",
+          "Byte quotas per tenant of the credentials file, e.g. team-a=10GiB,team-b=512MiB: a "
+          "put of a tenant at its quota answers NO_AVAILABLE_HANDLE (objects counted once, "
+          "pending or committed). Empty: none");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC server: TLS on");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "Mutual TLS: verify client certificates against this CA (a caller without one must "
+          "send a token)");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "With --tls-client-ca: refuse connections without a client certificate");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "How often the TLS files are checked for replacement (certificate rotation)");
+ABSL_FLAG(bool, insecure, false,
+          "Allow binding a non-loopback address without TLS and authentication (logged as a "
+          "warning): anyone who reaches the master then owns the pool");
 
 namespace {
 
@@ -132,11 +156,52 @@ int main(int argc, char** argv) {
   if (options.lease_ttl <= absl::ZeroDuration() || options.put_timeout <= absl::ZeroDuration()) {
     return Fail(absl::InvalidArgumentError("--lease-ttl and --put-timeout must be above 0"));
   }
+  absl::StatusOr<absl::flat_hash_map<std::string, uint64_t>> quotas =
+      kvpool::master::ParseTenantQuotas(absl::GetFlag(FLAGS_tenant_quotas));
+  if (!quotas.ok()) return Fail(quotas.status());
+  options.tenant_quotas = *std::move(quotas);
   kvpool::master::Master master(options);
 
   std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<kvpool::HostPort> grpc_address = kvpool::ParseHostPort(listen);
   if (!grpc_address.ok()) return Fail(grpc_address.status());
+
+  // Who may call (auth_policy.h), over what (TLS), bound where (exposure.h): all checked
+  // before anything listens.
+  std::unique_ptr<kvpool::master::Authenticator> auth =
+      std::make_unique<kvpool::master::Authenticator>();
+  if (std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
+    absl::StatusOr<std::unique_ptr<kvpool::master::Authenticator>> loaded =
+        kvpool::master::Authenticator::FromFile(path);
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = std::move(*loaded);
+  }
+  kvpool::ServerTlsOptions tls{.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                               .key_file = absl::GetFlag(FLAGS_tls_key),
+                               .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca),
+                               .require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert),
+                               .reload_interval = absl::GetFlag(FLAGS_tls_reload_interval)};
+  if (!tls.cert_file.empty() || !tls.key_file.empty() || !tls.client_ca_file.empty()) {
+    if (absl::Status valid = kvpool::ValidateServerTls(tls); !valid.ok()) return Fail(valid);
+  }
+  std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  {
+    kvpool::Exposure exposure{.tls = !tls.cert_file.empty(),
+                              .authenticated = auth->enabled(),
+                              .insecure = absl::GetFlag(FLAGS_insecure)};
+    exposure.listens = {{"--listen", listen}, {"--http-listen", http_listen}};
+    if (absl::GetFlag(FLAGS_embedded_segment_size).bytes > 0) {
+      exposure.listens.push_back(
+          {"--embedded-segment-listen", absl::GetFlag(FLAGS_embedded_segment_listen)});
+    }
+    absl::StatusOr<kvpool::ExposureVerdict> verdict = kvpool::CheckExposure(exposure);
+    if (!verdict.ok()) return Fail(verdict.status());
+    if (verdict->warning) {
+      KVPOOL_LOG(WARNING) << verdict->message;
+    } else {
+      KVPOOL_LOG(INFO) << verdict->message;
+    }
+  }
 
   std::unique_ptr<kvpool::segment::Segment> embedded;
   uint64_t embedded_size = absl::GetFlag(FLAGS_embedded_segment_size).bytes;
@@ -148,10 +213,13 @@ int main(int argc, char** argv) {
   }
 
   kvpool::master::MasterMetrics metrics(master);
-  kvpool::master::MasterGrpcService service(master, metrics);
+  kvpool::master::MasterGrpcService service(master, metrics, *auth);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(listen,
+                           tls.cert_file.empty() ? grpc::InsecureServerCredentials()
+                                                 : kvpool::MakeServerCredentials(tls),
+                           &grpc_port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
@@ -182,11 +250,15 @@ int main(int argc, char** argv) {
     }
     return kvpool::HttpResponse{200, "text/plain; version=0.0.4", std::move(body)};
   });
-  http.Handle("/metrics", [&metrics](const kvpool::HttpRequest&) {
+  http.Handle("/metrics", [&metrics, &auth, &master](const kvpool::HttpRequest&) {
+    std::vector<prometheus::MetricFamily> families = metrics.Collect();
+    for (prometheus::MetricFamily& family : auth->Collect()) families.push_back(std::move(family));
+    for (prometheus::MetricFamily& family : master.tenant_usage().Collect()) {
+      families.push_back(std::move(family));
+    }
     return kvpool::HttpResponse{200, "text/plain; version=0.0.4",
-                                kvpool::SerializeMetrics(metrics.Collect())};
+                                kvpool::SerializeMetrics(families)};
   });
-  std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   absl::StatusOr<uint16_t> http_port = http.Start(http_listen);
   if (!http_port.ok()) return Fail(http_port.status());
 
@@ -204,27 +276,32 @@ int main(int argc, char** argv) {
                                  [&master] { master.EvictIfAboveHighWatermark(); });
   kvpool::PeriodicWorker manifest_ticker("manifest-sync", absl::Milliseconds(20),
                                          [&master] { master.manifest_sync().Tick(absl::Now()); });
-  for (kvpool::PeriodicWorker* worker :
-       {&segment_monitor, &reservation_reaper, &evictor, &manifest_ticker}) {
+  // Token rotation: the credentials file is re-read when it changes.
+  kvpool::PeriodicWorker credentials_watcher("credentials-watcher", absl::Seconds(1),
+                                             [&auth] { auth->ReloadIfChanged().IgnoreError(); });
+  for (kvpool::PeriodicWorker* worker : {&segment_monitor, &reservation_reaper, &evictor,
+                                         &manifest_ticker, &credentials_watcher}) {
     worker->Start();
   }
 
   std::printf(
       "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s "
-      "embedded_shm=%s\n",
+      "embedded_shm=%s tls=%s auth=%s\n",
       kvpool::FormatHostPort(grpc_address->host, static_cast<uint16_t>(grpc_port)).c_str(),
       kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host, *http_port).c_str(),
       embedded ? embedded->endpoint().c_str() : "none",
       absl::StrCat(embedded ? embedded_size : 0).c_str(),
-      embedded && !embedded->shm_socket().empty() ? embedded->shm_socket().c_str() : "none");
+      embedded && !embedded->shm_socket().empty() ? embedded->shm_socket().c_str() : "none",
+      tls.cert_file.empty() ? "off" : tls.client_ca_file.empty() ? "on" : "mutual",
+      auth->enabled() ? "on" : "off");
   std::fflush(stdout);
 
   int signal_number = kvpool::WaitForShutdownSignal();
   KVPOOL_LOG(INFO) << "signal " << signal_number << "; stopping";
   // Answer the heartbeats and commits the master holds, or the server cannot stop.
   master.manifest_sync().Close();
-  for (kvpool::PeriodicWorker* worker :
-       {&segment_monitor, &reservation_reaper, &evictor, &manifest_ticker}) {
+  for (kvpool::PeriodicWorker* worker : {&segment_monitor, &reservation_reaper, &evictor,
+                                         &manifest_ticker, &credentials_watcher}) {
     worker->Stop();
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

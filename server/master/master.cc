@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "proto/capability.h"
 #include "proto/error_codes.h"
+#include "server/master/tenant_keys.h"
 
 namespace kvpool::master {
 namespace {
@@ -25,7 +26,17 @@ uint64_t RandomSeed() {
 }  // namespace
 
 Master::Master(MasterOptions options)
-    : options_(std::move(options)), next_put_id_(RandomSeed() | 1) {
+    : options_(std::move(options)),
+      next_put_id_(RandomSeed() | 1),
+      tenant_usage_(options_.tenant_quotas) {
+  // Per-tenant bytes are counted only where quotas are set: the count is one more lock per
+  // reservation and erase, shared by every shard.
+  for (IndexShard& shard : shards_) {
+    if (options_.tenant_quotas.empty()) break;
+    shard.SetUsageHook([this](absl::string_view key, int64_t delta) {
+      tenant_usage_.Add(TenantOfKey(key), delta);
+    });
+  }
   // A range whose grant ended is freed only once its segment has applied the end (a FORGET
   // record): until then a late writer of the old grant could still land bytes in it.
   for (IndexShard& shard : shards_) {
@@ -384,6 +395,9 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
                                            largest, " bytes)"));
       continue;
     }
+    // A tenant at its byte quota is under pressure, whatever room the pool has.
+    result.status = tenant_usage_.CheckRoom(TenantOfKey(keys[i]), sizes[i]);
+    if (!result.status.ok()) continue;
     request.size = sizes[i];
     // Unpredictable (CSPRNG), so nobody can commit or revoke another client's reservation by
     // guessing its id.

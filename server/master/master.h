@@ -28,6 +28,7 @@
 #include "server/master/index_shard.h"
 #include "server/master/manifest_sync.h"
 #include "server/master/segment_registry.h"
+#include "server/master/tenant_usage.h"
 
 namespace kvpool::master {
 
@@ -49,6 +50,9 @@ struct MasterOptions {
   // How long BatchPutEnd and BatchRemove wait for segments to record the change in their
   // manifests (what lets the index be rebuilt after a master restart).
   absl::Duration manifest_sync_timeout = absl::Seconds(2);
+  // Byte quota per tenant (tenant_keys.h; tenant_usage.h): a put of a tenant at its quota
+  // answers NO_AVAILABLE_HANDLE. Tenants not named have none.
+  absl::flat_hash_map<std::string, uint64_t> tenant_quotas;
   // Time source; tests inject their own.
   std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
@@ -185,6 +189,7 @@ class Master {
   const MasterOptions& options() const { return options_; }
   const MasterCounters& counters() const { return counters_; }
   ManifestSync& manifest_sync() { return manifest_sync_; }
+  const TenantUsage& tenant_usage() const { return tenant_usage_; }
 
   // --- Segments ---
   // InvalidArgument for a malformed mount. Mounting a new incarnation under a known name
@@ -297,6 +302,7 @@ class Master {
   absl::Mutex removals_mu_;
   absl::flat_hash_map<std::string, UnsettledRemoval> unsettled_removals_
       ABSL_GUARDED_BY(removals_mu_);
+  TenantUsage tenant_usage_;
 };
 
 }  // namespace kvpool::master

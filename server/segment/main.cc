@@ -15,6 +15,9 @@
 #include "common/metric_families.h"
 #include "common/net.h"
 #include "common/size.h"
+#include "proto/channel.h"
+#include "proto/tls.h"
+#include "server/common/exposure.h"
 #include "server/common/http_server.h"
 #include "server/common/signals.h"
 #include "server/segment/segment.h"
@@ -62,6 +65,21 @@ ABSL_FLAG(bool, verify_commits, true,
 ABSL_FLAG(bool, require_token, true,
           "Serve only ranges granted by the master's capability tokens (turn off only in "
           "benchmarks of the raw data plane)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA of the master's certificate: TLS to the master on (the token secret of each "
+          "mount travels inside it)");
+ABSL_FLAG(std::string, tls_cert, "", "This segment's PEM certificate, for mutual TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check the master's certificate against (default: the host of --master)");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "How often the TLS files are checked for replacement (certificate rotation)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token the master knows this segment by (its identity must "
+          "be --name)");
+ABSL_FLAG(bool, insecure, false,
+          "Allow binding a non-loopback address without TLS to the master and credentials "
+          "(logged as a warning)");
 
 namespace {
 
@@ -93,6 +111,34 @@ int main(int argc, char** argv) {
                   .idle_timeout = absl::GetFlag(FLAGS_idle_timeout),
                   .request_timeout = absl::GetFlag(FLAGS_request_timeout)};
   options.master_address = absl::GetFlag(FLAGS_master);
+  options.master_tls = {.ca_file = absl::GetFlag(FLAGS_tls_ca),
+                        .cert_file = absl::GetFlag(FLAGS_tls_cert),
+                        .key_file = absl::GetFlag(FLAGS_tls_key),
+                        .server_name = absl::GetFlag(FLAGS_tls_server_name),
+                        .reload_interval = absl::GetFlag(FLAGS_tls_reload_interval)};
+  if (absl::Status tls = kvpool::ValidateClientTls(options.master_tls); !tls.ok()) {
+    return Fail(tls);
+  }
+  if (std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
+    absl::StatusOr<std::string> token = kvpool::ReadTokenFile(path);
+    if (!token.ok()) return Fail(token.status());
+    options.master_auth_token = *std::move(token);
+  }
+  {
+    // A segment is as safe as its master link: its grants come only over it.
+    absl::StatusOr<kvpool::ExposureVerdict> verdict = kvpool::CheckExposure(
+        {.listens = {{"--listen", options.listen},
+                     {"--http-listen", absl::GetFlag(FLAGS_http_listen)}},
+         .tls = options.master_tls.enabled(),
+         .authenticated = !options.master_auth_token.empty() || !options.master_tls.cert_file.empty(),
+         .insecure = absl::GetFlag(FLAGS_insecure)});
+    if (!verdict.ok()) return Fail(verdict.status());
+    if (verdict->warning) {
+      KVPOOL_LOG(WARNING) << verdict->message;
+    } else {
+      KVPOOL_LOG(INFO) << verdict->message;
+    }
+  }
   options.rdma_device = absl::GetFlag(FLAGS_rdma_device);
   std::string shm_socket = absl::GetFlag(FLAGS_shm_socket);
   options.shm_socket = shm_socket == "none" ? "" : shm_socket;

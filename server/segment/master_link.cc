@@ -28,7 +28,7 @@ MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable
       manifest_(manifest),
       grants_(grants),
       rpc_(std::make_unique<Rpc>()) {
-  rpc_->stub = v1::MasterService::NewStub(MakeMasterChannel(options_.master_address));
+  rpc_->stub = v1::MasterService::NewStub(MakeMasterChannel(options_.master_address, options_.tls));
 }
 
 MasterLink::~MasterLink() { Stop(); }
@@ -82,6 +82,7 @@ absl::Status MasterLink::Mount() {
   request.set_machine_id(MachineId());
   v1::MountSegmentResponse response;
   grpc::ClientContext context;
+  AttachToken(context, options_.auth_token);
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   grpc::Status status = rpc_->stub->MountSegment(&context, request, &response);
   if (!status.ok()) {
@@ -101,6 +102,7 @@ absl::Status MasterLink::Mount() {
     restore.set_done(last == entries.size());
     v1::RestoreManifestResponse restored;
     grpc::ClientContext restore_context;
+    AttachToken(restore_context, options_.auth_token);
     restore_context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     grpc::Status sent = rpc_->stub->RestoreManifest(&restore_context, restore, &restored);
     if (!sent.ok()) {
@@ -136,6 +138,7 @@ absl::Status MasterLink::Heartbeat() {
   request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
+  AttachToken(context, options_.auth_token);
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + heartbeat_interval_ + options_.rpc_timeout));
   {
@@ -226,6 +229,7 @@ void MasterLink::Unmount() {
   request.set_incarnation(options_.incarnation);
   v1::UnmountSegmentResponse response;
   grpc::ClientContext context;
+  AttachToken(context, options_.auth_token);
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   grpc::Status status = rpc_->stub->UnmountSegment(&context, request, &response);
   if (status.ok()) {

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/log_limiter.h"
+#include "proto/tls.h"
 #include "server/segment/grant_table.h"
 #include "server/segment/manifest.h"
 
@@ -32,6 +33,10 @@ namespace kvpool::segment {
 
 struct MasterLinkOptions {
   std::string master_address;  // "host:port"
+  // TLS to the master (its CA; this segment's certificate for mutual TLS), and the bearer
+  // token the master knows this segment by (its identity must be `name`).
+  ClientTlsOptions tls;
+  std::string auth_token;
   std::string name;
   std::string host;
   std::string endpoint;  // data plane, as clients should dial it

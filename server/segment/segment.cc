@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
 
   MasterLinkOptions link;
   link.master_address = options.master_address;
+  link.tls = options.master_tls;
+  link.auth_token = options.master_auth_token;
   link.name = segment->name_;
   link.host = segment->host_;
   link.endpoint = segment->endpoint_;

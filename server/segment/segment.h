@@ -43,6 +43,9 @@ struct SegmentOptions {
   // gRPC address of the master to mount on; empty for a segment embedded in the master,
   // which the master mounts itself (no link, no manifest).
   std::string master_address;
+  // TLS and the bearer token for the master (MasterLinkOptions::tls, auth_token).
+  ClientTlsOptions master_tls;
+  std::string master_auth_token;
   // If above zero, Start() waits this long for the first mount (Unavailable if it fails).
   absl::Duration mount_timeout = absl::ZeroDuration();
   // Refuse a commit whose range does not hash to its checksum (MasterLinkOptions::holds_bytes).

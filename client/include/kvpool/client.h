@@ -66,6 +66,17 @@ enum class TransportKind {
 struct ClientOptions {
   // gRPC address of kvpool-master.
   std::string master_address = "127.0.0.1:50051";
+  // TLS to the master: the CA that signed its certificate (empty: plaintext, which only a
+  // master on loopback or one started with --insecure accepts); this client's certificate and
+  // key for mutual TLS (both or neither); the name to check the master's certificate against
+  // (default: the host of master_address). The files are re-read when they change.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  // Bearer token the master knows this client by (a "token" rule of its --auth-tokens file):
+  // sets this client's role and tenant. Empty: none (a certificate, or no authentication).
+  std::string auth_token;
   // Deadline of every call to the master.
   absl::Duration rpc_timeout = absl::Seconds(5);
   // Deadline for moving the bytes of one batch.

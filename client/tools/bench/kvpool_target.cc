@@ -178,7 +178,7 @@ class ExistWorker : public Worker {
 };
 
 ClientOptions MakeClientOptions(const KvpoolTargetOptions& options) {
-  ClientOptions client;
+  ClientOptions client = options.credentials;
   client.master_address = options.master;
   client.transport = options.transport;
   client.connections_per_segment = options.connections_per_segment;
@@ -300,7 +300,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
       case WorkloadKind::kMetaPut: {
         std::shared_ptr<client::MasterClient> master = shared_master;
         if (master == nullptr) {
-          master = std::make_shared<client::MasterClient>(options_.master, absl::Seconds(10));
+          const ClientOptions& creds = options_.credentials;
+          master = std::make_shared<client::MasterClient>(
+              options_.master, absl::Seconds(10),
+              ClientTlsOptions{.ca_file = creds.tls_ca_file,
+                               .cert_file = creds.tls_cert_file,
+                               .key_file = creds.tls_key_file,
+                               .server_name = creds.tls_server_name},
+              creds.auth_token);
           if (options_.shared_client) shared_master = master;
         }
         workers.push_back(std::make_unique<ReserveWorker>(

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/tools/credential_flags.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -332,6 +333,10 @@ int Main(int argc, char** argv) {
                                      .shared_client = absl::GetFlag(FLAGS_shared_client),
                                      .verify_checksums = absl::GetFlag(FLAGS_verify_checksums),
                                      .cache_locations = absl::GetFlag(FLAGS_cache_locations)};
+  if (absl::Status credentials = ApplyCredentialFlags(kvpool_options.credentials);
+      !credentials.ok()) {
+    return SetupError(credentials);
+  }
   absl::StatusOr<std::unique_ptr<KvpoolTarget>> kvpool = KvpoolTarget::Connect(kvpool_options);
   if (!kvpool.ok()) return SetupError(kvpool.status());
   absl::StatusOr<ClusterStatus> cluster = (*kvpool)->client().GetClusterStatus();
