@@ -105,6 +105,16 @@ class MasterGrpcService::Call {
   absl::Time start_;
 };
 
+grpc::ServerUnaryReactor* MasterGrpcService::RefuseUnlessLeader(
+    const Call& call, grpc::CallbackServerContext* context) const {
+  if (leadership_ == nullptr || leadership_->IsLeader()) return nullptr;
+  context->AddTrailingMetadata(kStandbyMetadataKey, "1");
+  if (std::string leader = leadership_->leader(); !leader.empty()) {
+    context->AddTrailingMetadata(kLeaderMetadataKey, leader);
+  }
+  return call.Finish(leadership_->Check());
+}
+
 grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(
     const Call& call, ManifestSync::Ticket ticket, std::function<absl::Status()> not_durable,
     std::function<void()> durable_too) {
@@ -124,6 +134,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
                                                           const v1::MountSegmentRequest* request,
                                                           v1::MountSegmentResponse* response) {
   Call call(metrics_, Rpc::kMountSegment, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   SegmentInfo info;
   info.name = request->name();
   info.host = request->host();
@@ -139,6 +150,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().heartbeat_interval)));
   response->set_heartbeat_ttl_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().segment_ttl)));
+  response->set_term(leadership_ != nullptr ? leadership_->term() : 0);
   return call.Finish(status);
 }
 
@@ -146,6 +158,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::RestoreManifest(
     grpc::CallbackServerContext* context, const v1::RestoreManifestRequest* request,
     v1::RestoreManifestResponse* response) {
   Call call(metrics_, Rpc::kRestoreManifest, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<ManifestRecord> records;
   records.reserve(request->records_size());
   for (const v1::ManifestRecord& r : request->records()) {
@@ -166,6 +179,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::UnmountSegment(
     grpc::CallbackServerContext* context, const v1::UnmountSegmentRequest* request,
     v1::UnmountSegmentResponse* response) {
   Call call(metrics_, Rpc::kUnmountSegment, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::StatusOr<uint64_t> dropped =
       master_.UnmountSegment(request->name(), request->incarnation());
   if (dropped.ok()) response->set_objects_dropped(*dropped);
@@ -176,14 +190,18 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
                                                        const v1::HeartbeatRequest* request,
                                                        v1::HeartbeatResponse* response) {
   Call call(metrics_, Rpc::kHeartbeat, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   Master::HeartbeatReply reply = master_.Heartbeat(request->name(), request->incarnation());
   response->set_known(reply.known);
   response->set_drained(reply.drained);
+  response->set_term(leadership_ != nullptr ? leadership_->term() : 0);
   if (!reply.segment) return call.Finish(absl::OkStatus());
   SegmentId segment = *reply.segment;
   uint64_t acked = request->acked_seq();
   std::vector<uint64_t> refused(request->refused_seqs().begin(), request->refused_seqs().end());
-  auto answer = [this, call, response, segment, acked, refused = std::move(refused)] {
+  auto answer = [this, call, context, response, segment, acked, refused = std::move(refused)] {
+    // Held across a step-down: a deposed leader hands out no more records.
+    if (RefuseUnlessLeader(call, context) != nullptr) return;
     ManifestSync::Batch batch =
         master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat, refused);
     for (const ManifestRecord& record : batch.records) ToProto(record, response->add_records());
@@ -203,6 +221,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
     grpc::CallbackServerContext* context, const v1::BatchPutStartRequest* request,
     v1::BatchPutStartResponse* response) {
   Call call(metrics_, Rpc::kBatchPutStart, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<uint64_t> sizes(request->sizes().begin(), request->sizes().end());
   PutStartOptions options{.replica_num = request->replica_num(),
                           .pin = FromProto(request->pin()),
@@ -231,6 +250,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
                                                          const v1::BatchPutEndRequest* request,
                                                          v1::BatchPutEndResponse* response) {
   Call call(metrics_, Rpc::kBatchPutEnd, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   Durable<absl::Status> ended = master_.BatchPutEnd(ToPutRefs(request->items(), Caller(context)));
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
   // A commit is acknowledged only once every segment holding a replica has recorded it in
@@ -264,6 +284,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
     grpc::CallbackServerContext* context, const v1::BatchPutRevokeRequest* request,
     v1::BatchPutRevokeResponse* response) {
   Call call(metrics_, Rpc::kBatchPutRevoke, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<absl::Status> revoked = master_.BatchPutRevoke(ToPutRefs(request->items(), Caller(context)));
   for (const absl::Status& status : revoked) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchPutRevoke, Codes(revoked));
@@ -274,6 +295,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
     grpc::CallbackServerContext* context, const v1::BatchGetReplicaListRequest* request,
     v1::BatchGetReplicaListResponse* response) {
   Call call(metrics_, Rpc::kBatchGetReplicaList, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::Time now = absl::Now();
   std::vector<int32_t> codes;
   for (const GetResult& result : master_.BatchGetReplicaList(ToKeys(request->keys()))) {
@@ -300,6 +322,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchExist(grpc::CallbackServerCont
                                                         const v1::BatchExistRequest* request,
                                                         v1::BatchExistResponse* response) {
   Call call(metrics_, Rpc::kBatchExist, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<int32_t> codes;
   for (const absl::StatusOr<bool>& exists : master_.BatchExist(ToKeys(request->keys()))) {
     v1::ExistResult* out = response->add_results();
@@ -316,6 +339,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
                                                          const v1::BatchRemoveRequest* request,
                                                          v1::BatchRemoveResponse* response) {
   Call call(metrics_, Rpc::kBatchRemove, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   Durable<absl::Status> removed = master_.BatchRemove(ToKeys(request->keys()), request->force());
   for (const absl::Status& status : removed.results) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kBatchRemove, Codes(removed.results));
@@ -342,6 +366,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerConte
                                                        const v1::RemoveAllRequest* request,
                                                        v1::RemoveAllResponse* response) {
   Call call(metrics_, Rpc::kRemoveAll, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   // RE2: linear time in the key, whatever the pattern; a caller's pattern cannot stall a shard.
   std::unique_ptr<RE2> key_filter;
   if (!request->key_regex().empty()) {
@@ -364,6 +389,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerCo
                                                           const v1::DrainSegmentRequest* request,
                                                           v1::DrainSegmentResponse* response) {
   Call call(metrics_, Rpc::kDrainSegment, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   return call.Finish(master_.DrainSegment(request->name(), request->migrate()));
 }
 
@@ -371,6 +397,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateStart(grpc::CallbackServerCo
                                                           const v1::MigrateStartRequest* request,
                                                           v1::MigrateStartResponse* response) {
   Call call(metrics_, Rpc::kMigrateStart, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::StatusOr<MigrateStartResult> started =
       master_.MigrateStart(request->segment(), request->max_objects(), request->max_bytes());
   if (!started.ok()) return call.Finish(started.status());
@@ -392,6 +419,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateEnd(grpc::CallbackServerCont
                                                         const v1::MigrateEndRequest* request,
                                                         v1::MigrateEndResponse* response) {
   Call call(metrics_, Rpc::kMigrateEnd, context);
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<MigrationRef> refs;
   refs.reserve(request->items_size());
   for (const v1::MigrateEndItem& item : request->items()) {
@@ -424,6 +452,17 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
   response->set_put_deduplicated(
       metrics_.KeyResults(Rpc::kBatchPutStart, v1::OBJECT_ALREADY_EXISTS));
   response->set_put_no_space(metrics_.KeyResults(Rpc::kBatchPutStart, v1::NO_AVAILABLE_HANDLE));
+  if (leadership_ != nullptr) {
+    response->set_role(!leadership_->ha()          ? "single"
+                       : leadership_->IsLeader() ? "leader"
+                                                 : "standby");
+    response->set_term(leadership_->term());
+    response->set_leader(leadership_->leader());
+    response->set_self(leadership_->self());
+    for (const std::string& member : leadership_->Members()) response->add_masters(member);
+  } else {
+    response->set_role("single");
+  }
   for (const SegmentSummary& segment : summary.segments) {
     v1::SegmentStatus* out = response->add_segments();
     out->set_name(segment.name);

@@ -8,6 +8,7 @@
 // ManifestSync and finish from its callback.
 
 #include "kvpool/v1/master.grpc.pb.h"
+#include "server/master/leadership.h"
 #include "server/master/master.h"
 #include "server/master/master_metrics.h"
 
@@ -15,7 +16,10 @@ namespace kvpool::master {
 
 class MasterGrpcService final : public v1::MasterService::CallbackService {
  public:
-  MasterGrpcService(Master& master, MasterMetrics& metrics) : master_(master), metrics_(metrics) {}
+  // `leadership` (null: a single master, always serving) must outlive the service.
+  MasterGrpcService(Master& master, MasterMetrics& metrics,
+                    const Leadership* leadership = nullptr)
+      : master_(master), metrics_(metrics), leadership_(leadership) {}
 
   grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
                                          const v1::MountSegmentRequest* request,
@@ -75,8 +79,14 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
                                               std::function<absl::Status()> not_durable = nullptr,
                                               std::function<void()> durable_too = nullptr);
 
+  // A standby answers nothing but GetClusterStatus: returns the call finished with the
+  // refusal (naming the leader), or null when this master leads.
+  grpc::ServerUnaryReactor* RefuseUnlessLeader(const Call& call,
+                                               grpc::CallbackServerContext* context) const;
+
   Master& master_;
   MasterMetrics& metrics_;
+  const Leadership* leadership_;
 };
 
 }  // namespace kvpool::master
