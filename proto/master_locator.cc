@@ -33,6 +33,19 @@ bool AnsweredByStandby(const grpc::ClientContext& context) {
   return !Metadata(context, kStandbyMetadataKey).empty();
 }
 
+absl::Status ValidateMasterAddress(absl::string_view address) {
+  absl::string_view rest = absl::StripAsciiWhitespace(address);
+  if (absl::ConsumePrefix(&rest, "etcd://")) {
+    absl::StatusOr<std::vector<std::string>> endpoints = etcd::ParseEndpoints(rest);
+    if (!endpoints.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("master address \"", address, "\": ", endpoints.status().message()));
+    }
+    return absl::OkStatus();
+  }
+  return MasterLocator::Create(address).status();
+}
+
 absl::StatusOr<std::unique_ptr<MasterLocator>> MasterLocator::Create(absl::string_view address,
                                                                      std::string etcd_prefix) {
   std::unique_ptr<MasterLocator> locator(new MasterLocator());
@@ -53,6 +66,11 @@ absl::StatusOr<std::unique_ptr<MasterLocator>> MasterLocator::Create(absl::strin
   }
   for (absl::string_view part : absl::StrSplit(rest, ',', absl::SkipWhitespace())) {
     part = absl::StripAsciiWhitespace(part);
+    if (absl::StrContains(part, "://")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("master address \"", address, "\": \"", part,
+                       "\" is not host:port (the only scheme is etcd://)"));
+    }
     absl::StatusOr<HostPort> host_port = ParseHostPort(part);
     if (!host_port.ok() || host_port->port == 0) {
       return absl::InvalidArgumentError(absl::StrCat(

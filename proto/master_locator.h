@@ -40,6 +40,10 @@ std::string LeaderHint(const grpc::ClientContext& context);
 // Whether the answer of `context` came from a standby (the call was not executed).
 bool AnsweredByStandby(const grpc::ClientContext& context);
 
+// Checks the syntax of a master address (the three forms above) without dialling anything:
+// InvalidArgument naming what is wrong.
+absl::Status ValidateMasterAddress(absl::string_view address);
+
 class MasterLocator {
  public:
   // InvalidArgument for a malformed address (the message names it).

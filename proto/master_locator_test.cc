@@ -50,6 +50,10 @@ TEST(MasterLocatorTest, MalformedAddressesAreRefusedByName) {
   EXPECT_THAT(MasterLocator::Create("etcd://e:notaport").status().message(),
               HasSubstr("host:port"));
   EXPECT_FALSE(MasterLocator::Create("a:0").ok());
+  EXPECT_TRUE(ValidateMasterAddress("etcd://10.0.0.1:2379,10.0.0.2:2379").ok());
+  EXPECT_TRUE(ValidateMasterAddress("a:1,b:2").ok());
+  EXPECT_THAT(ValidateMasterAddress("etcd://x").message(), HasSubstr("host:port"));
+  EXPECT_THAT(ValidateMasterAddress("http://m:1").message(), HasSubstr("is not host:port"));
 }
 
 }  // namespace

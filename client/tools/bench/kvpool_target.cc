@@ -300,7 +300,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
       case WorkloadKind::kMetaPut: {
         std::shared_ptr<client::MasterClient> master = shared_master;
         if (master == nullptr) {
-          master = std::make_shared<client::MasterClient>(options_.master, absl::Seconds(10));
+          absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
+              MasterLocator::Create(options_.master);
+          if (!locator.ok()) return locator.status();
+          master = std::make_shared<client::MasterClient>(std::move(*locator), absl::Seconds(10));
           if (options_.shared_client) shared_master = master;
         }
         workers.push_back(std::make_unique<ReserveWorker>(
