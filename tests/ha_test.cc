@@ -24,6 +24,7 @@
 #include "tests/harness/cluster.h"
 #include "tests/harness/etcd.h"
 #include "tests/harness/http_get.h"
+#include "tests/harness/tcp_proxy.h"
 #include "tests/harness/values.h"
 
 namespace kvpool {
@@ -69,6 +70,13 @@ class HaTest : public ::testing::Test {
       ASSERT_TRUE(port.ok()) << port.status();
       addresses_.push_back(absl::StrCat("127.0.0.1:", *port));
     }
+    // Each master reaches etcd through its own proxy, which can cut it off from etcd alone.
+    for (int i = 0; i < kMasters; ++i) {
+      absl::StatusOr<std::unique_ptr<testing::TcpProxy>> proxy =
+          testing::TcpProxy::Start(etcd_->endpoint());
+      ASSERT_TRUE(proxy.ok()) << proxy.status();
+      etcd_proxies_.push_back(std::move(*proxy));
+    }
     masters_.resize(kMasters);
     for (int i = 0; i < kMasters; ++i) ASSERT_NO_FATAL_FAILURE(StartMasterAt(i));
     master_list_ = absl::StrJoin(addresses_, ",");
@@ -92,7 +100,7 @@ class HaTest : public ::testing::Test {
 
   void StartMasterAt(int i) {
     absl::StatusOr<MasterProcess> master = testing::StartMaster(
-        {"--embedded-segment-size=0", "--etcd=" + etcd_->endpoint(),
+        {"--embedded-segment-size=0", "--etcd=" + etcd_proxies_[i]->address(),
          absl::StrCat("--leader-lease=", absl::FormatDuration(Lease()))},
         addresses_[i]);
     ASSERT_TRUE(master.ok()) << master.status();
@@ -249,6 +257,7 @@ class HaTest : public ::testing::Test {
   }
 
   std::unique_ptr<EtcdServer> etcd_;
+  std::vector<std::unique_ptr<testing::TcpProxy>> etcd_proxies_;
   std::vector<std::string> addresses_;
   std::string master_list_;
   std::vector<MasterProcess> masters_;
@@ -373,16 +382,53 @@ TEST_F(HaTest, ALeaderStoppedPastItsLeaseStepsDownAndServesNothing) {
   EXPECT_FALSE(late_put.ok());
   EXPECT_FALSE(client_->Get("late-put-to-the-old-leader").ok());
   // It comes back as a standby of the new leader.
+  // (Before it restarts, the deposed process itself already answers as a standby.)
   absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (RoleOf(leader).role != "standby" && absl::Now() < deadline) {
+  Role back = RoleOf(leader);
+  while (!(back.role == "standby" && back.leader == addresses_[next]) &&
+         absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(100));
+    back = RoleOf(leader);
   }
-  EXPECT_EQ(RoleOf(leader).role, "standby");
-  EXPECT_EQ(RoleOf(leader).leader, addresses_[next]);
+  EXPECT_EQ(back.role, "standby");
+  EXPECT_EQ(back.leader, addresses_[next]);
   EXPECT_EQ(WaitForLeader(absl::Seconds(5)), next);
   ASSERT_TRUE(WaitForAcks(20, absl::Seconds(30)));
   StopLoad();
   Report("SIGSTOP past the lease", LongestWriteGap(stopped - absl::Seconds(1)));
+  size_t wrong = 0;
+  EXPECT_EQ(VerifyAll(&wrong), 0u);
+  EXPECT_EQ(wrong, 0u);
+}
+
+TEST_F(HaTest, ALeaderCutFromEtcdButNotFromClientsStepsDownBeforeItsLeaseEnds) {
+  int leader = WaitForLeader(absl::Seconds(10));
+  ASSERT_GE(leader, 0);
+  StartLoad();
+  ASSERT_TRUE(WaitForAcks(30, absl::Seconds(30)));
+  absl::Time cut = absl::Now();
+  etcd_proxies_[leader]->Cut();
+  // Clients and segments still reach it; it must stop leading on its own, before its lease
+  // can run out at etcd (and so before anyone else can be elected).
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (RoleOf(leader).role == "leader" && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  absl::Duration led_on = absl::Now() - cut;
+  EXPECT_LT(led_on, Lease()) << "led " << led_on << " after the cut";
+  // A new leader; never two at once (WaitForLeader checks every master each round).
+  int next = -1;
+  while (absl::Now() < deadline) {
+    int seen = WaitForLeader(absl::Seconds(1));
+    if (seen >= 0 && seen != leader) {
+      next = seen;
+      break;
+    }
+  }
+  ASSERT_GE(next, 0);
+  ASSERT_TRUE(WaitForAcks(30, absl::Seconds(30)));
+  StopLoad();
+  Report("leader cut from etcd", LongestWriteGap(cut - absl::Seconds(1)));
   size_t wrong = 0;
   EXPECT_EQ(VerifyAll(&wrong), 0u);
   EXPECT_EQ(wrong, 0u);
