@@ -6,6 +6,7 @@
 // without an acknowledged write, and asserts none lost and no wrong byte.
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -330,6 +331,21 @@ TEST_F(HaTest, OneLeaderTheOthersStandByAndNameIt) {
   EXPECT_EQ(status->term, lead.term);
   EXPECT_EQ(status->masters.size(), static_cast<size_t>(kMasters));
   EXPECT_EQ(status->segments.size(), 2u);
+  // kvpoolctl status, given the list or etcd://, prints the leader, its term and the standbys.
+  for (const std::string& master : {master_list_, "etcd://" + etcd_->endpoint()}) {
+    absl::StatusOr<std::unique_ptr<testing::Process>> ctl =
+        testing::Process::Start(testing::CtlBinary(), {"--master=" + master, "status"});
+    ASSERT_TRUE(ctl.ok()) << ctl.status();
+    absl::StatusOr<std::string> line = (*ctl)->WaitForLine("leader ", absl::Seconds(20));
+    ASSERT_TRUE(line.ok()) << master << ": " << line.status();
+    EXPECT_EQ(*line, absl::StrCat("leader     ", addresses_[leader], " (term ", lead.term, ")"));
+    absl::StatusOr<std::string> standbys = (*ctl)->WaitForLine("standbys ", absl::Seconds(20));
+    ASSERT_TRUE(standbys.ok()) << standbys.status();
+    for (int i = 0; i < kMasters; ++i) {
+      EXPECT_EQ(standbys->find(addresses_[i]) != std::string::npos, i != leader) << *standbys;
+    }
+    EXPECT_EQ(WIFEXITED((*ctl)->Wait()), true);
+  }
 }
 
 TEST_F(HaTest, KillNineOfTheLeaderLosesNoAcknowledgedPut) {
