@@ -80,11 +80,11 @@ ClientTlsOptions TlsOptionsOf(const ClientOptions& options) {
 }  // namespace
 
 struct Client::Impl {
-  explicit Impl(const ClientOptions& o)
+  Impl(const ClientOptions& o, std::unique_ptr<MasterLocator> locator)
       : options(o),
         local_host(o.local_host.empty() ? LocalHostName() : o.local_host),
         machine_id(MachineId()),
-        master(o.master_address, o.rpc_timeout, TlsOptionsOf(o), o.auth_token),
+        master(std::move(locator), o.rpc_timeout, TlsOptionsOf(o), o.auth_token),
         transport(std::make_unique<client::RoutingTransport>(
             o.transport,
             [this](const std::string& endpoint) { return ShmSocketOf(endpoint); },
@@ -419,12 +419,11 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
-  if (absl::StatusOr<HostPort> address = ParseHostPort(options.master_address); !address.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("master address: ", address.status().message()));
-  }
   if (absl::Status tls = ValidateClientTls(TlsOptionsOf(options)); !tls.ok()) return tls;
-  auto impl = std::make_unique<Impl>(options);
+  absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
+      MasterLocator::Create(options.master_address, kDefaultEtcdPrefix, TlsOptionsOf(options));
+  if (!locator.ok()) return locator.status();
+  auto impl = std::make_unique<Impl>(options, std::move(*locator));
   if (absl::Status ready = impl->master.WaitForMaster(options.connect_timeout); !ready.ok()) {
     return ready;
   }
@@ -799,6 +798,11 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   status.get_misses = response->get_misses();
   status.put_deduplicated = response->put_deduplicated();
   status.put_no_space = response->put_no_space();
+  status.role = response->role().empty() ? "single" : response->role();
+  status.term = response->term();
+  status.leader = response->leader();
+  status.masters.assign(response->masters().begin(), response->masters().end());
+  status.answered_by = response->self();
   for (const v1::SegmentStatus& s : response->segments()) {
     status.segments.push_back(SegmentStatus{
         .name = s.name(),

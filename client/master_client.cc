@@ -1,18 +1,22 @@
 #include "client/master_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "proto/channel.h"
 #include "proto/error_codes.h"
 
 namespace kvpool::client {
 
-MasterClient::MasterClient(const std::string& address, absl::Duration rpc_timeout,
+MasterClient::MasterClient(std::unique_ptr<MasterLocator> locator, absl::Duration rpc_timeout,
                            ClientTlsOptions tls, std::string auth_token)
-    : address_(address),
+    : locator_(std::move(locator)),
+      address_(locator_->spec()),
       rpc_timeout_(rpc_timeout),
       tls_(std::move(tls)),
       auth_token_(std::move(auth_token)),
-      stub_(v1::MasterService::NewStub(MakeMasterChannel(address, tls_))) {}
+      stub_(locator_->single() ? v1::MasterService::NewStub(MakeMasterChannel(address_, tls_))
+                               : nullptr) {}
 
 std::shared_ptr<v1::MasterService::Stub> MasterClient::Stub() {
   absl::MutexLock lock(&mu_);
@@ -30,6 +34,7 @@ template <typename Request, typename Response>
 absl::StatusOr<Response> MasterClient::Call(Method<Request, Response> method,
                                             const Request& request, absl::Duration timeout,
                                             bool wait_for_ready) {
+  if (!locator_->single()) return CallLeader(method, request, timeout);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context.set_wait_for_ready(wait_for_ready);
@@ -41,6 +46,53 @@ absl::StatusOr<Response> MasterClient::Call(Method<Request, Response> method,
   return response;
 }
 
+template <typename Request, typename Response>
+absl::StatusOr<Response> MasterClient::CallLeader(Method<Request, Response> method,
+                                                  const Request& request,
+                                                  absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  // Masters that failed this call without a standby's answer: not sent it again.
+  std::vector<std::string> unanswered;
+  grpc::Status last(grpc::StatusCode::UNAVAILABLE, "no kvpool-master known");
+  while (absl::Now() < deadline) {
+    std::string address = locator_->Current();
+    if (std::find(unanswered.begin(), unanswered.end(), address) != unanswered.end()) {
+      // Every master the locator offers has failed once: try one not yet failed, if any.
+      std::string untried;
+      for (const std::string& master : locator_->Masters()) {
+        if (std::find(unanswered.begin(), unanswered.end(), master) == unanswered.end()) {
+          untried = master;
+          break;
+        }
+      }
+      if (untried.empty()) break;
+      address = untried;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    AttachToken(context, auth_token_);
+    Response response;
+    std::unique_ptr<v1::MasterService::Stub> stub =
+        v1::MasterService::NewStub(locator_->Channel(address));
+    last = (stub.get()->*method)(&context, request, &response);
+    if (last.ok()) return response;
+    if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      break;
+    }
+    std::string leader = LeaderHint(context);
+    locator_->Failed(address, leader);
+    if (AnsweredByStandby(context)) {
+      // Not executed: safe to send on. Without a leader named, an election is under way.
+      if (leader.empty() || leader == address) absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    unanswered.push_back(address);
+  }
+  if (last.ok()) last = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no leader in time");
+  return WithErrorCode(FromGrpcStatus(last), v1::RPC_FAIL);
+}
+
 absl::Status MasterClient::WaitForMaster(absl::Duration timeout) {
   absl::StatusOr<v1::GetClusterStatusResponse> status = Call(
       &v1::MasterService::Stub::GetClusterStatus, v1::GetClusterStatusRequest(), timeout, true);
@@ -48,6 +100,22 @@ absl::Status MasterClient::WaitForMaster(absl::Duration timeout) {
   // The master answered, and refused these credentials: say so, not "no master".
   if (absl::IsUnauthenticated(status.status()) || absl::IsPermissionDenied(status.status())) {
     return status.status();
+  }
+  if (!locator_->single()) {
+    // Several masters: any one that answers will do (a standby answers status too), given a
+    // few rounds while they start.
+    absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline && !status.ok()) {
+      absl::SleepFor(absl::Milliseconds(100));
+      status = CallLeader(&v1::MasterService::Stub::GetClusterStatus,
+                          v1::GetClusterStatusRequest(),
+                          std::min(rpc_timeout_, deadline - absl::Now()));
+      if (absl::IsUnauthenticated(status.status()) ||
+          absl::IsPermissionDenied(status.status())) {
+        return status.status();
+      }
+    }
+    if (status.ok()) return absl::OkStatus();
   }
   return WithErrorCode(absl::UnavailableError(absl::StrCat("no kvpool-master answered at ",
                                                            address_, " within ", absl::FormatDuration(timeout), ": ",
@@ -96,7 +164,17 @@ absl::StatusOr<v1::RemoveAllResponse> MasterClient::RemoveAll(const v1::RemoveAl
 
 absl::StatusOr<v1::GetClusterStatusResponse> MasterClient::GetClusterStatus(
     const v1::GetClusterStatusRequest& request) {
-  return Call(&v1::MasterService::Stub::GetClusterStatus, request, rpc_timeout_);
+  absl::StatusOr<v1::GetClusterStatusResponse> status =
+      Call(&v1::MasterService::Stub::GetClusterStatus, request, rpc_timeout_);
+  // A standby answers status too; the leader's answer is the one wanted, when it gives one.
+  if (status.ok() && !locator_->single() && status->role() == "standby" &&
+      !status->leader().empty() && status->leader() != status->self()) {
+    locator_->Failed(status->self(), status->leader());
+    absl::StatusOr<v1::GetClusterStatusResponse> leader =
+        Call(&v1::MasterService::Stub::GetClusterStatus, request, rpc_timeout_);
+    if (leader.ok() && leader->role() == "leader") return leader;
+  }
+  return status;
 }
 
 absl::StatusOr<v1::DrainSegmentResponse> MasterClient::DrainSegment(

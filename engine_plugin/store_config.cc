@@ -13,6 +13,7 @@
 #include "common/net.h"
 #include "common/size.h"
 #include "nlohmann/json.hpp"
+#include "proto/master_locator.h"
 
 namespace kvpool::engine {
 namespace {
@@ -64,13 +65,9 @@ absl::StatusOr<uint64_t> AsSize(const std::string& key, const ConfigValue& value
 absl::Status SetMaster(const std::string& key, const ConfigValue& value, StoreConfig& config) {
   absl::StatusOr<std::string> address = AsString(key, value);
   if (!address.ok()) return address.status();
-  if (address->find("://") != std::string::npos) {
-    return Malformed(key, value,
-                     "kvpool-master is addressed as host:port (etcd:// and other schemes are "
-                     "not supported)");
-  }
-  if (absl::StatusOr<HostPort> parsed = ParseHostPort(*address); !parsed.ok()) {
-    return Malformed(key, value, parsed.status().message());
+  // host:port, a list of masters, or etcd://host:port[,...] (proto/master_locator.h).
+  if (absl::Status valid = ValidateMasterAddress(*address); !valid.ok()) {
+    return Malformed(key, value, valid.message());
   }
   config.master_server_address = *address;
   return absl::OkStatus();

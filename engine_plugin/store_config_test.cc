@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -73,7 +74,16 @@ TEST(StoreConfigTest, RefusesUnknownAndMalformedValues) {
               HasSubstr("expected a size"));
   EXPECT_THAT(error(R"({"master_server_address": "m:1", "protocol": "nvlink"})"),
               HasSubstr("supported protocols"));
-  EXPECT_THAT(error(R"({"master_server_address": "etcd://10.0.0.1:2379"})"),
+  // Several masters elected through etcd: a list, or etcd:// (the leader is followed).
+  for (const char* several : {"m1:50051,m2:50051,m3:50051", "etcd://e1:2379,e2:2379"}) {
+    absl::StatusOr<StoreConfig> ha = ParseStoreConfigJson(
+        absl::StrCat(R"({"master_server_address": ")", several, R"("})"));
+    ASSERT_TRUE(ha.ok()) << several << ": " << ha.status();
+    EXPECT_EQ(ha->master_server_address, several);
+  }
+  EXPECT_THAT(error(R"({"master_server_address": "etcd://10.0.0.1"})"),
+              HasSubstr("host:port"));
+  EXPECT_THAT(error(R"({"master_server_address": "http://10.0.0.1:2379"})"),
               HasSubstr("host:port"));
   EXPECT_THAT(error(R"({"master_server_address": "no-port"})"), HasSubstr("master_server_address"));
   EXPECT_THAT(error(R"({"protocol": "tcp"})"), HasSubstr("master_server_address"));

@@ -11,6 +11,8 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libre2-dev libboost-dev libssl-dev libibverbs-dev prometheus-cpp-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  # etcd's .proto files (the v3 API the masters' leader election speaks; common/etcd/)
+  golang-etcd-server-dev
   python3 python3-dev pybind11-dev
   # pip install --no-build-isolation . (setup.py drives the CMake build of the module)
   python3-pip python3-setuptools python3-wheel python3-venv
@@ -20,6 +22,9 @@ test_packages=(
   redis-server procps
   # tests/security_test makes its CA and certificates at test time with the openssl CLI
   openssl
+  # the HA tests start their own etcd (tests/harness/etcd.h), and iproute2 (ip netns) for
+  # the multi-host ones
+  etcd-server etcd-client iproute2
   # deploy checks (deploy/CMakeLists.txt): PyYAML, and Go with the sources of Helm's template
   # functions, to build deploy/tools/helmrender offline
   python3-yaml golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev

@@ -21,12 +21,15 @@
 #include "common/flags.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "common/size.h"
 #include "client/tools/credential_flags.h"
 #include "kvpool/client.h"
 
-ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master");
+ABSL_FLAG(std::string, master, "127.0.0.1:50051",
+          "gRPC address of kvpool-master: host:port, a comma-separated list of masters, or "
+          "etcd://host:port[,host:port] (the leader is found and followed)");
 ABSL_FLAG(bool, json, false, "Print results as JSON, for scripts");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each call");
 ABSL_FLAG(std::string, transport, "auto",
@@ -265,6 +268,13 @@ int Status(kvpool::Client& client, bool segments_only) {
                                ",\"get_misses\":", status->get_misses,
                                ",\"put_deduplicated\":", status->put_deduplicated,
                                ",\"put_no_space\":", status->put_no_space,
+                               ",\"role\":\"", status->role, "\",\"term\":", status->term,
+                               ",\"leader\":\"", status->leader, "\",\"masters\":[",
+                               absl::StrJoin(status->masters, ",",
+                                             [](std::string* out, const std::string& m) {
+                                               absl::StrAppend(out, "\"", m, "\"");
+                                             }),
+                               "]",
                                ",\"segments\":", segments, "}")
                       .c_str());
     }
@@ -275,7 +285,23 @@ int Status(kvpool::Client& client, bool segments_only) {
                          ? 100.0 * static_cast<double>(status->used_bytes) /
                                static_cast<double>(status->capacity_bytes)
                          : 0;
-    std::printf("master     %s\n", absl::GetFlag(FLAGS_master).c_str());
+    if (status->role == "single") {
+      std::printf("master     %s\n", absl::GetFlag(FLAGS_master).c_str());
+    } else {
+      // Several masters elected through etcd: who leads, at which term, and who stands by.
+      std::vector<std::string> standbys;
+      for (const std::string& m : status->masters) {
+        if (m != status->leader) standbys.push_back(m);
+      }
+      std::printf("leader     %s (term %lld)%s\n",
+                  status->leader.empty() ? "none (election under way)" : status->leader.c_str(),
+                  static_cast<long long>(status->term),
+                  status->role == "standby"
+                      ? absl::StrCat(", as standby ", status->answered_by, " knows it").c_str()
+                      : "");
+      std::printf("standbys   %s\n",
+                  standbys.empty() ? "none" : absl::StrJoin(standbys, ", ").c_str());
+    }
     std::printf("capacity   %s\n", kvpool::FormatSize(status->capacity_bytes).c_str());
     std::printf("used       %s (%.1f%%)\n", kvpool::FormatSize(status->used_bytes).c_str(), percent);
     std::printf("objects    %llu (+%llu being written), %llu leased, %llu soft / %llu hard pinned\n",

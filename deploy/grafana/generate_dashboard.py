@@ -221,6 +221,27 @@ def panels():
     ]
     y += 8
 
+    p.append(row("Masters (high availability)", y)); y += 1
+    p += [
+        timeseries("Leader and term", "Which master leads (1) and the leader's term: the etcd "
+                   "revision of its election, a step up at every fail-over (0 without --etcd).",
+                   targets(("kvpool_master_is_leader", "leader {{instance}}"),
+                           ("max(kvpool_master_term)", "term")),
+                   "short", 0, y, w=8),
+        timeseries("Fail-overs", "Elections won, and those won after another master had led "
+                   "(fail-overs), per hour.",
+                   targets(("sum(increase(kvpool_master_elections_total[1h]))", "elections"),
+                           ("sum(increase(kvpool_master_failovers_total[1h]))", "fail-overs")),
+                   "short", 8, y, w=8),
+        timeseries("Fail-over time and etcd", "Of each master's last fail-over: from the last "
+                   "sight of the previous leader's key to its own election; and whether each "
+                   "master reaches etcd (1).",
+                   targets(("kvpool_master_failover_seconds", "fail-over {{instance}}"),
+                           ("kvpool_master_etcd_reachable", "etcd reachable {{instance}}")),
+                   "short", 16, y, w=8),
+    ]
+    y += 8
+
     p.append(row("Data plane (segments)", y)); y += 1
     p += [
         timeseries("Throughput", "Bytes per second read and written, per transport.",

@@ -120,6 +120,16 @@ class MasterGrpcService::Call {
   absl::Time start_;
 };
 
+grpc::ServerUnaryReactor* MasterGrpcService::RefuseUnlessLeader(
+    const Call& call, grpc::CallbackServerContext* context) const {
+  if (leadership_ == nullptr || leadership_->IsLeader()) return nullptr;
+  context->AddTrailingMetadata(kStandbyMetadataKey, "1");
+  if (std::string leader = leadership_->leader(); !leader.empty()) {
+    context->AddTrailingMetadata(kLeaderMetadataKey, leader);
+  }
+  return call.Finish(leadership_->Check());
+}
+
 grpc::ServerUnaryReactor* MasterGrpcService::FinishWhenDurable(
     const Call& call, ManifestSync::Ticket ticket, std::function<absl::Status()> not_durable,
     std::function<void()> durable_too) {
@@ -141,6 +151,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
   Call call(metrics_, Rpc::kMountSegment, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kMountSegment, request->name());
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   SegmentInfo info;
   info.name = request->name();
   info.host = request->host();
@@ -156,6 +167,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().heartbeat_interval)));
   response->set_heartbeat_ttl_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().segment_ttl)));
+  response->set_term(leadership_ != nullptr ? leadership_->term() : 0);
   return call.Finish(status);
 }
 
@@ -165,6 +177,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::RestoreManifest(
   Call call(metrics_, Rpc::kRestoreManifest, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kRestoreManifest, request->name());
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<ManifestRecord> records;
   records.reserve(request->records_size());
   for (const v1::ManifestRecord& r : request->records()) {
@@ -187,6 +200,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::UnmountSegment(
   Call call(metrics_, Rpc::kUnmountSegment, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kUnmountSegment, request->name());
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::StatusOr<uint64_t> dropped =
       master_.UnmountSegment(request->name(), request->incarnation());
   if (dropped.ok()) response->set_objects_dropped(*dropped);
@@ -199,14 +213,18 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
   Call call(metrics_, Rpc::kHeartbeat, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kHeartbeat, request->name());
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   Master::HeartbeatReply reply = master_.Heartbeat(request->name(), request->incarnation());
   response->set_known(reply.known);
   response->set_drained(reply.drained);
+  response->set_term(leadership_ != nullptr ? leadership_->term() : 0);
   if (!reply.segment) return call.Finish(absl::OkStatus());
   SegmentId segment = *reply.segment;
   uint64_t acked = request->acked_seq();
   std::vector<uint64_t> refused(request->refused_seqs().begin(), request->refused_seqs().end());
-  auto answer = [this, call, response, segment, acked, refused = std::move(refused)] {
+  auto answer = [this, call, context, response, segment, acked, refused = std::move(refused)] {
+    // Held across a step-down: a deposed leader hands out no more records.
+    if (RefuseUnlessLeader(call, context) != nullptr) return;
     ManifestSync::Batch batch =
         master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat, refused);
     for (const ManifestRecord& record : batch.records) ToProto(record, response->add_records());
@@ -228,6 +246,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
   Call call(metrics_, Rpc::kBatchPutStart, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchPutStart, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<uint64_t> sizes(request->sizes().begin(), request->sizes().end());
   PutStartOptions options{.replica_num = request->replica_num(),
                           .pin = FromProto(request->pin()),
@@ -260,6 +279,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutEnd(grpc::CallbackServerCon
   Call call(metrics_, Rpc::kBatchPutEnd, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchPutEnd, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::StatusOr<std::vector<PutRef>> puts = ToPutRefs(request->items(), Caller(context), *caller);
   if (!puts.ok()) return call.Finish(puts.status());
   Durable<absl::Status> ended = master_.BatchPutEnd(*puts);
@@ -304,6 +324,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutRevoke(
   Call call(metrics_, Rpc::kBatchPutRevoke, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchPutRevoke, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::StatusOr<std::vector<PutRef>> puts = ToPutRefs(request->items(), Caller(context), *caller);
   if (!puts.ok()) return call.Finish(puts.status());
   std::vector<absl::Status> revoked = master_.BatchPutRevoke(*puts);
@@ -318,6 +339,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
   Call call(metrics_, Rpc::kBatchGetReplicaList, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchGetReplicaList, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::Time now = absl::Now();
   std::vector<int32_t> codes;
   std::vector<std::string> keys = ToKeys(request->keys());
@@ -348,6 +370,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchExist(grpc::CallbackServerCont
   Call call(metrics_, Rpc::kBatchExist, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchExist, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<int32_t> codes;
   std::vector<std::string> keys = ToKeys(request->keys());
   if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
@@ -368,6 +391,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchRemove(grpc::CallbackServerCon
   Call call(metrics_, Rpc::kBatchRemove, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchRemove, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<std::string> keys = ToKeys(request->keys());
   if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
   Durable<absl::Status> removed = master_.BatchRemove(keys, request->force());
@@ -408,6 +432,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchDropReplicas(
   Call call(metrics_, Rpc::kBatchDropReplicas, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kBatchDropReplicas, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<std::string> keys = ToKeys(request->keys());
   if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
   Durable<absl::Status> dropped =
@@ -440,6 +465,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::RemoveAll(grpc::CallbackServerConte
   Call call(metrics_, Rpc::kRemoveAll, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kRemoveAll, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   // RE2: linear time in the key, whatever the pattern; a caller's pattern cannot stall a shard.
   std::unique_ptr<RE2> key_filter;
   if (!request->key_regex().empty()) {
@@ -464,6 +490,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::DrainSegment(grpc::CallbackServerCo
   Call call(metrics_, Rpc::kDrainSegment, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kDrainSegment, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   return call.Finish(master_.DrainSegment(request->name(), request->migrate()));
 }
 
@@ -473,6 +500,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateStart(grpc::CallbackServerCo
   Call call(metrics_, Rpc::kMigrateStart, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kMigrateStart, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::StatusOr<MigrateStartResult> started =
       master_.MigrateStart(request->segment(), request->max_objects(), request->max_bytes());
   if (!started.ok()) return call.Finish(started.status());
@@ -496,6 +524,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateEnd(grpc::CallbackServerCont
   Call call(metrics_, Rpc::kMigrateEnd, context);
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kMigrateEnd, {});
   if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<MigrationRef> refs;
   refs.reserve(request->items_size());
   for (const v1::MigrateEndItem& item : request->items()) {
@@ -530,6 +559,17 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
   response->set_put_deduplicated(
       metrics_.KeyResults(Rpc::kBatchPutStart, v1::OBJECT_ALREADY_EXISTS));
   response->set_put_no_space(metrics_.KeyResults(Rpc::kBatchPutStart, v1::NO_AVAILABLE_HANDLE));
+  if (leadership_ != nullptr) {
+    response->set_role(!leadership_->ha()          ? "single"
+                       : leadership_->IsLeader() ? "leader"
+                                                 : "standby");
+    response->set_term(leadership_->term());
+    response->set_leader(leadership_->leader());
+    response->set_self(leadership_->self());
+    for (const std::string& member : leadership_->Members()) response->add_masters(member);
+  } else {
+    response->set_role("single");
+  }
   for (const SegmentSummary& segment : summary.segments) {
     v1::SegmentStatus* out = response->add_segments();
     out->set_name(segment.name);

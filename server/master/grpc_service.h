@@ -10,6 +10,7 @@
 
 #include "kvpool/v1/master.grpc.pb.h"
 #include "server/master/authenticator.h"
+#include "server/master/leadership.h"
 #include "server/master/master.h"
 #include "server/master/master_metrics.h"
 
@@ -17,9 +18,10 @@ namespace kvpool::master {
 
 class MasterGrpcService final : public v1::MasterService::CallbackService {
  public:
-  // All three must outlive the service.
-  MasterGrpcService(Master& master, MasterMetrics& metrics, Authenticator& auth)
-      : master_(master), metrics_(metrics), auth_(auth) {}
+  // All of them must outlive the service; `leadership` null: a single master, always serving.
+  MasterGrpcService(Master& master, MasterMetrics& metrics, Authenticator& auth,
+                    const Leadership* leadership = nullptr)
+      : master_(master), metrics_(metrics), auth_(auth), leadership_(leadership) {}
 
   grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
                                          const v1::MountSegmentRequest* request,
@@ -79,9 +81,15 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
                                               std::function<absl::Status()> not_durable = nullptr,
                                               std::function<void()> durable_too = nullptr);
 
+  // A standby answers nothing but GetClusterStatus: returns the call finished with the
+  // refusal (naming the leader), or null when this master leads.
+  grpc::ServerUnaryReactor* RefuseUnlessLeader(const Call& call,
+                                               grpc::CallbackServerContext* context) const;
+
   Master& master_;
   MasterMetrics& metrics_;
   Authenticator& auth_;
+  const Leadership* leadership_;
 };
 
 }  // namespace kvpool::master

@@ -2,6 +2,10 @@
 // answers where values go and where they are, and (by default) runs an embedded segment, so
 // that one process is a working single-node pool.
 
+#include <linux/close_range.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -9,6 +13,7 @@
 #include "common/flags.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/etcd/leader_election.h"
 #include "common/log.h"
 #include "common/metric_families.h"
 #include "common/net.h"
@@ -21,6 +26,7 @@
 #include "server/common/signals.h"
 #include "server/master/authenticator.h"
 #include "server/master/grpc_service.h"
+#include "server/master/leadership.h"
 #include "server/master/master.h"
 #include "server/master/master_metrics.h"
 #include "server/segment/segment.h"
@@ -78,7 +84,35 @@ ABSL_FLAG(bool, insecure, false,
           "Allow binding a non-loopback address without TLS and authentication (logged as a "
           "warning): anyone who reaches the master then owns the pool");
 
+ABSL_FLAG(std::string, etcd, "",
+          "etcd endpoints HOST:PORT[,HOST:PORT...]: run as one of several masters, elected "
+          "through etcd (docs/operations.md, \"High availability\"); empty: a single master");
+ABSL_FLAG(std::string, etcd_prefix, "/kvpool/default",
+          "--etcd: key prefix of this pool's election (one prefix per pool)");
+ABSL_FLAG(absl::Duration, leader_lease, absl::Seconds(3),
+          "--etcd: TTL of the leader's etcd lease. A dead leader is replaced after about this "
+          "long; a leader that cannot renew it stops serving before it runs out");
+ABSL_FLAG(std::string, advertise_address, "",
+          "--etcd: gRPC address other processes dial for this master (default: the --listen "
+          "host and port, or this machine's name when listening on a wildcard address)");
+
 namespace {
+
+// A deposed leader's index and grants are stale: it becomes a fresh standby by executing
+// itself again (same pid, same ports, empty state), as if a supervisor had restarted it.
+[[noreturn]] void RestartAsStandby(std::vector<std::string> args) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  // Every descriptor but stdio closes with the old image (sockets included, so the new one
+  // can listen on the same ports).
+  syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
+  execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "kvpool-master: cannot restart as a standby; exiting\n");
+  _exit(3);
+}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "kvpool-master: %s\n", std::string(status.message()).c_str());
@@ -203,8 +237,19 @@ int main(int argc, char** argv) {
     }
   }
 
+  const std::string etcd_endpoints = absl::GetFlag(FLAGS_etcd);
+  const absl::Duration leader_lease = absl::GetFlag(FLAGS_leader_lease);
+  if (!etcd_endpoints.empty() && leader_lease < absl::Seconds(2)) {
+    return Fail(absl::InvalidArgumentError(
+        "--leader-lease must be at least 2s (etcd grants no shorter lease)"));
+  }
   std::unique_ptr<kvpool::segment::Segment> embedded;
   uint64_t embedded_size = absl::GetFlag(FLAGS_embedded_segment_size).bytes;
+  if (embedded_size > 0 && !etcd_endpoints.empty()) {
+    // Its objects would die with this master's process, and a standby has no pool to offer.
+    KVPOOL_LOG(INFO) << "--etcd: no embedded segment (the pool is the kvpool-segment daemons')";
+    embedded_size = 0;
+  }
   if (embedded_size > 0) {
     absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =
         StartEmbeddedSegment(master, embedded_size);
@@ -213,7 +258,55 @@ int main(int argc, char** argv) {
   }
 
   kvpool::master::MasterMetrics metrics(master);
-  kvpool::master::MasterGrpcService service(master, metrics, *auth);
+  // With --etcd, the election and what the service asks of it; created before the server
+  // starts, started once it listens (a standby answers with the leader's address).
+  std::unique_ptr<kvpool::etcd::LeaderElection> election;
+  std::unique_ptr<kvpool::master::Leadership> leadership;
+  std::vector<std::string> restart_args(argv, argv + argc);
+  kvpool::master::Leadership* leadership_ptr = nullptr;
+  auto make_election = [&](const std::string& self) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<kvpool::etcd::EtcdClient>> client =
+        kvpool::etcd::EtcdClient::Create(etcd_endpoints,
+                                         std::max(leader_lease / 6, absl::Milliseconds(200)));
+    if (!client.ok()) return client.status();
+    kvpool::etcd::ElectionOptions election_options;
+    election_options.prefix = absl::GetFlag(FLAGS_etcd_prefix);
+    election_options.value = self;
+    election_options.ttl = leader_lease;
+    election_options.on_elected = [&leadership_ptr, &master](int64_t term) {
+      leadership_ptr->Elected();
+      KVPOOL_LOG(INFO) << "leading at term " << term << "; rebuilding the index from the "
+                       << "segments' manifests as they mount (" << master.GetClusterSummary().segments.size()
+                       << " mounted so far)";
+    };
+    election_options.on_deposed = [&restart_args] {
+      KVPOOL_LOG(WARNING) << "deposed: restarting as a fresh standby";
+      RestartAsStandby(restart_args);
+    };
+    election = std::make_unique<kvpool::etcd::LeaderElection>(std::move(*client),
+                                                               std::move(election_options));
+    leadership = std::make_unique<kvpool::master::Leadership>(election.get(), self,
+                                                              2 * options.heartbeat_interval);
+    leadership_ptr = leadership.get();
+    return absl::OkStatus();
+  };
+  // The address is known before the server starts unless --listen has port 0.
+  std::string advertise = absl::GetFlag(FLAGS_advertise_address);
+  if (!etcd_endpoints.empty()) {
+    if (advertise.empty()) {
+      if (grpc_address->port == 0) {
+        return Fail(absl::InvalidArgumentError(
+            "--etcd needs a fixed gRPC port (--listen HOST:PORT, not port 0) or "
+            "--advertise-address: standbys send callers there"));
+      }
+      std::string host = grpc_address->host;
+      if (host == "0.0.0.0" || host == "::" || host == "[::]") host = kvpool::LocalHostName();
+      advertise = kvpool::FormatHostPort(host, grpc_address->port);
+    }
+    if (absl::Status made = make_election(advertise); !made.ok()) return Fail(made);
+    metrics.SetLeadership(leadership.get());
+  }
+  kvpool::master::MasterGrpcService service(master, metrics, *auth, leadership.get());
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(listen,
@@ -237,9 +330,29 @@ int main(int argc, char** argv) {
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
   });
-  // Ready once the gRPC server runs (it is by now; the handler exists from here on).
-  http.Handle("/readyz", [](const kvpool::HttpRequest&) {
-    return kvpool::HttpResponse{200, "text/plain", "ready\n"};
+  // Ready once the gRPC server runs (it is by now; the handler exists from here on). With
+  // --etcd, only the leader is ready, and only once the segments have had time to mount on
+  // it again and none is still reporting its manifest.
+  http.Handle("/readyz", [&leadership, &master](const kvpool::HttpRequest&) {
+    if (leadership == nullptr) return kvpool::HttpResponse{200, "text/plain", "ready\n"};
+    if (!leadership->IsLeader()) {
+      std::string leader = leadership->leader();
+      return kvpool::HttpResponse{
+          503, "text/plain",
+          absl::StrCat("standby; leader ", leader.empty() ? "unknown" : leader, "\n")};
+    }
+    for (const kvpool::master::SegmentSummary& segment : master.GetClusterSummary().segments) {
+      if (segment.restoring) {
+        return kvpool::HttpResponse{503, "text/plain",
+                                    "leader; rebuilding the index from segment manifests\n"};
+      }
+    }
+    if (!leadership->Settled()) {
+      return kvpool::HttpResponse{503, "text/plain",
+                                  "leader; waiting for segments to mount again\n"};
+    }
+    return kvpool::HttpResponse{
+        200, "text/plain", absl::StrCat("ready; leader, term ", leadership->term(), "\n")};
   });
   // Mooncake's master endpoint that engines poll (SGLang's HiCache backend waits for a
   // non-empty answer): the names of the mounted segments, one per line.
@@ -283,21 +396,33 @@ int main(int argc, char** argv) {
                                          &manifest_ticker, &credentials_watcher}) {
     worker->Start();
   }
+  if (election) {
+    // A restart as a standby (above) keeps the ports this process listens on now.
+    restart_args.push_back("--listen=" + kvpool::FormatHostPort(grpc_address->host,
+                                                                 static_cast<uint16_t>(grpc_port)));
+    restart_args.push_back("--http-listen=" +
+                           kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host,
+                                                  *http_port));
+    election->Start();
+  }
 
   std::printf(
       "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s "
-      "embedded_shm=%s tls=%s auth=%s\n",
+      "embedded_shm=%s tls=%s auth=%s role=%s\n",
       kvpool::FormatHostPort(grpc_address->host, static_cast<uint16_t>(grpc_port)).c_str(),
       kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host, *http_port).c_str(),
       embedded ? embedded->endpoint().c_str() : "none",
       absl::StrCat(embedded ? embedded_size : 0).c_str(),
       embedded && !embedded->shm_socket().empty() ? embedded->shm_socket().c_str() : "none",
       tls.cert_file.empty() ? "off" : tls.client_ca_file.empty() ? "on" : "mutual",
-      auth->enabled() ? "on" : "off");
+      auth->enabled() ? "on" : "off",
+      election ? "candidate" : "single");
   std::fflush(stdout);
 
   int signal_number = kvpool::WaitForShutdownSignal();
   KVPOOL_LOG(INFO) << "signal " << signal_number << "; stopping";
+  // A leader resigns first, so that a standby takes over at once.
+  if (election) election->Stop();
   // Answer the heartbeats and commits the master holds, or the server cannot stop.
   master.manifest_sync().Close();
   for (kvpool::PeriodicWorker* worker : {&segment_monitor, &reservation_reaper, &evictor,

@@ -76,6 +76,29 @@ std::vector<prometheus::MetricFamily> MasterMetrics::Collect() const {
 
   ClusterSummary summary = master_.GetClusterSummary();
   const MasterCounters& counters = master_.counters();
+  {
+    etcd::ElectionState election = leadership_ != nullptr
+                                       ? leadership_->state()
+                                       : etcd::ElectionState{.leader = true};
+    families.Gauge("kvpool_master_is_leader",
+                   "1 while this master leads (always, without --etcd); 0 on a standby.",
+                   election.leader ? 1 : 0);
+    families.Gauge("kvpool_master_term",
+                   "The leader's term: the etcd revision of its election (0 without --etcd).",
+                   static_cast<double>(election.term));
+    families.Counter("kvpool_master_elections_total", "Elections this master won.",
+                     static_cast<double>(election.elected));
+    families.Counter("kvpool_master_failovers_total",
+                     "Elections this master won after another master had led (fail-overs).",
+                     static_cast<double>(election.takeovers));
+    families.Gauge("kvpool_master_failover_seconds",
+                   "Of the last fail-over this master won: seconds from when it last saw the "
+                   "previous leader's key to its own election.",
+                   absl::ToDoubleSeconds(election.last_takeover));
+    families.Gauge("kvpool_master_etcd_reachable",
+                   "1 when this master's last call to etcd succeeded (1 without --etcd).",
+                   election.etcd_error.empty() ? 1 : 0);
+  }
   families.Gauge("kvpool_segments_mounted", "Segments mounted on the master now.",
                  static_cast<double>(summary.segments.size()));
   families.Counter("kvpool_segments_dead_total",

@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "common/latency_histogram.h"
 #include "prometheus/metric_family.h"
+#include "server/master/leadership.h"
 #include "server/master/master.h"
 
 namespace kvpool::master {
@@ -50,6 +51,10 @@ class MasterMetrics {
  public:
   explicit MasterMetrics(const Master& master) : master_(master) {}
 
+  // With --etcd: report leadership, term and fail-overs from `leadership` (which must outlive
+  // this); without, the master is always the leader at term 0. Call before serving.
+  void SetLeadership(const Leadership* leadership) { leadership_ = leadership; }
+
   // One finished call: `ok` is its gRPC status (per-key failures do not count here).
   void RecordCall(Rpc rpc, bool ok, absl::Duration elapsed);
   // The per-key result codes of one batch call.
@@ -67,6 +72,7 @@ class MasterMetrics {
   };
 
   const Master& master_;
+  const Leadership* leadership_ = nullptr;
   std::array<PerRpc, static_cast<size_t>(Rpc::kCount)> rpcs_;
   mutable absl::Mutex mu_;
   // (rpc, code) -> keys; entries are created once and never removed.

@@ -10,6 +10,7 @@
 #include "kvpool/v1/master.grpc.pb.h"
 #include "proto/capability.h"
 #include "proto/channel.h"
+#include "proto/master_locator.h"
 
 namespace kvpool::segment {
 namespace {
@@ -19,16 +20,40 @@ constexpr size_t kRestoreChunk = 4096;
 
 }  // namespace
 
-struct MasterLink::Rpc {
-  std::unique_ptr<v1::MasterService::Stub> stub;
-};
-
 MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants)
-    : options_(std::move(options)),
-      manifest_(manifest),
-      grants_(grants),
-      rpc_(std::make_unique<Rpc>()) {
-  rpc_->stub = v1::MasterService::NewStub(MakeMasterChannel(options_.master_address, options_.tls));
+    : options_(std::move(options)), manifest_(manifest), grants_(grants) {
+  // Segment::Start checked the address already.
+  absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
+      MasterLocator::Create(options_.master_address, kDefaultEtcdPrefix, options_.tls);
+  KVPOOL_CHECK(locator.ok()) << locator.status();
+  locator_ = std::move(*locator);
+}
+
+std::string MasterLink::master() const {
+  absl::MutexLock lock(&mu_);
+  return mounted_.load() ? master_ : "";
+}
+
+absl::Status MasterLink::CheckTerm(const std::string& master, int64_t term) {
+  int64_t followed = term_.load();
+  if (term < followed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("master ", master, " answers for term ", term,
+                     ", older than term ", followed, " this segment already followed: refused"));
+  }
+  term_.store(term);
+  return absl::OkStatus();
+}
+
+void MasterLink::MoveOn(const std::string& leader_hint) {
+  std::string left;
+  {
+    absl::MutexLock lock(&mu_);
+    left = master_;
+  }
+  mounted_.store(false);
+  heartbeat_failures_ = 0;
+  locator_->Failed(left, leader_hint);
 }
 
 MasterLink::~MasterLink() { Stop(); }
@@ -54,17 +79,28 @@ void MasterLink::Loop() {
       // Logged once per outage, not once per retry.
       KVPOOL_LOG(WARNING) << status.message() << "; retrying";
     } else if (status.ok() && failing) {
-      KVPOOL_LOG(INFO) << "master " << options_.master_address << " answers again";
+      KVPOOL_LOG(INFO) << "master " << master() << " answers again";
     }
     failing = !status.ok();
     // A heartbeat paces itself (the master holds it); failures wait before retrying.
-    absl::Duration wait = failing ? options_.retry_interval : absl::ZeroDuration();
+    // Among several masters, a new leader is found sooner.
+    absl::Duration retry = locator_->single()
+                               ? options_.retry_interval
+                               : std::min(options_.retry_interval, absl::Milliseconds(200));
+    absl::Duration wait = failing ? retry : absl::ZeroDuration();
     absl::MutexLock lock(&mu_);
     if (stopping_ || mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
   }
 }
 
 absl::Status MasterLink::Mount() {
+  std::string master = locator_->Current();
+  {
+    absl::MutexLock lock(&mu_);
+    master_ = master;
+  }
+  std::unique_ptr<v1::MasterService::Stub> stub =
+      v1::MasterService::NewStub(locator_->Channel(master));
   std::vector<v1::ManifestRecord> entries = manifest_.Entries();
   v1::MountSegmentRequest request;
   request.set_name(options_.name);
@@ -84,10 +120,15 @@ absl::Status MasterLink::Mount() {
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Status status = rpc_->stub->MountSegment(&context, request, &response);
+  grpc::Status status = stub->MountSegment(&context, request, &response);
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("mount on master ", options_.master_address,
-                                               " failed: ", status.error_message()));
+    if (!locator_->single()) locator_->Failed(master, LeaderHint(context));
+    return absl::UnavailableError(
+        absl::StrCat("mount on master ", master, " failed: ", status.error_message()));
+  }
+  if (absl::Status current = CheckTerm(master, response.term()); !current.ok()) {
+    locator_->Failed(master, "");
+    return current;
   }
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
@@ -104,8 +145,9 @@ absl::Status MasterLink::Mount() {
     grpc::ClientContext restore_context;
     AttachToken(restore_context, options_.auth_token);
     restore_context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-    grpc::Status sent = rpc_->stub->RestoreManifest(&restore_context, restore, &restored);
+    grpc::Status sent = stub->RestoreManifest(&restore_context, restore, &restored);
     if (!sent.ok()) {
+      if (!locator_->single()) locator_->Failed(master, LeaderHint(restore_context));
       return absl::UnavailableError(
           absl::StrCat("reporting the manifest failed: ", sent.error_message()));
     }
@@ -119,17 +161,25 @@ absl::Status MasterLink::Mount() {
   refused_seqs_.clear();  // sequence numbers of the previous master
   mounted_.store(true);
   mount_count_.fetch_add(1);
-  KVPOOL_LOG(INFO) << "mounted on master " << options_.master_address << " as " << options_.name
+  KVPOOL_LOG(INFO) << "mounted on master " << master << " as " << options_.name
+                   << (response.term() > 0 ? absl::StrCat(" (term ", response.term(), ")") : "")
                    << (entries.empty() ? "" : absl::StrCat(", reported ", entries.size(), " objects"));
   if (options_.print_mounts) {
-    std::printf("kvpool-segment mounted master=%s objects=%zu\n", options_.master_address.c_str(),
-                entries.size());
+    std::printf("kvpool-segment mounted master=%s objects=%zu term=%lld\n", master.c_str(),
+                entries.size(), static_cast<long long>(response.term()));
     std::fflush(stdout);
   }
   return absl::OkStatus();
 }
 
 absl::Status MasterLink::Heartbeat() {
+  std::string master;
+  {
+    absl::MutexLock lock(&mu_);
+    master = master_;
+  }
+  std::unique_ptr<v1::MasterService::Stub> stub =
+      v1::MasterService::NewStub(locator_->Channel(master));
   v1::HeartbeatRequest request;
   request.set_name(options_.name);
   request.set_incarnation(options_.incarnation);
@@ -139,22 +189,49 @@ absl::Status MasterLink::Heartbeat() {
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + heartbeat_interval_ + options_.rpc_timeout));
+  // The master answers within about a heartbeat interval. Among several masters a leader
+  // that does not (stopped, cut off) is left sooner, for the one that replaced it.
+  absl::Duration grace = locator_->single()
+                             ? options_.rpc_timeout
+                             : std::min(options_.rpc_timeout, absl::Milliseconds(1500));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + heartbeat_interval_ + grace));
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
     heartbeat_call_ = &context;
   }
-  grpc::Status status = rpc_->stub->Heartbeat(&context, request, &response);
+  grpc::Status status = stub->Heartbeat(&context, request, &response);
   {
     absl::MutexLock lock(&mu_);
     heartbeat_call_ = nullptr;
     if (stopping_) return absl::OkStatus();
   }
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("heartbeat to master ", options_.master_address,
+    if (!locator_->single()) {
+      if (AnsweredByStandby(context)) {
+        // Deposed or never the leader: mount on the leader now.
+        KVPOOL_LOG(WARNING) << "master " << master << " is no longer the leader ("
+                            << status.error_message() << "); mounting on the leader";
+        MoveOn(LeaderHint(context));
+        return Mount();
+      }
+      // Refused at once twice (its process gone), or not answered in time once.
+      if (++heartbeat_failures_ >= 2 ||
+          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        KVPOOL_LOG(WARNING) << "master " << master << " does not answer ("
+                            << status.error_message() << "); mounting on another master";
+        MoveOn("");
+        return Mount();
+      }
+    }
+    return absl::UnavailableError(absl::StrCat("heartbeat to master ", master,
                                                " failed: ", status.error_message()));
+  }
+  heartbeat_failures_ = 0;
+  if (absl::Status current = CheckTerm(master, response.term()); !current.ok()) {
+    KVPOOL_LOG(WARNING) << current.message();
+    MoveOn("");
+    return current;
   }
   if (response.drained()) {
     KVPOOL_LOG(INFO) << "the master drained this segment; stopping";
@@ -167,8 +244,7 @@ absl::Status MasterLink::Heartbeat() {
     return absl::OkStatus();
   }
   if (!response.known()) {
-    KVPOOL_LOG(WARNING) << "master " << options_.master_address
-                        << " does not know this segment; mounting again";
+    KVPOOL_LOG(WARNING) << "master " << master << " does not know this segment; mounting again";
     mounted_.store(false);
     return Mount();
   }
@@ -231,7 +307,13 @@ void MasterLink::Unmount() {
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Status status = rpc_->stub->UnmountSegment(&context, request, &response);
+  std::string master;
+  {
+    absl::MutexLock lock(&mu_);
+    master = master_;
+  }
+  grpc::Status status =
+      v1::MasterService::NewStub(locator_->Channel(master))->UnmountSegment(&context, request, &response);
   if (status.ok()) {
     KVPOOL_LOG(INFO) << "unmounted from master; " << response.objects_dropped()
                      << " objects lost their last replica";

@@ -6,6 +6,12 @@
 // back with the next ones, at once or after about a heartbeat interval. Mounts again
 // whenever the master says it does not know the segment. Unmounts on Stop(). Owns one
 // background thread. Thread-safe.
+//
+// With several masters (master_address a list or etcd://, see proto/master_locator.h) it
+// mounts on the leader: a standby's answer sends it to the leader it names; a master that
+// stops answering heartbeats (twice in a row) or answers as a standby is left for the next,
+// and the segment mounts there afresh (a new term of its grants, its manifest reported). It
+// never follows a master whose term is older than one it already followed.
 
 #include <atomic>
 #include <cstdint>
@@ -25,6 +31,10 @@
 #include "server/segment/grant_table.h"
 #include "server/segment/manifest.h"
 
+namespace kvpool {
+class MasterLocator;
+}
+
 namespace grpc {
 class ClientContext;
 }
@@ -32,7 +42,7 @@ class ClientContext;
 namespace kvpool::segment {
 
 struct MasterLinkOptions {
-  std::string master_address;  // "host:port"
+  std::string master_address;  // "host:port", "host:port,host:port...", or "etcd://..."
   // TLS to the master (its CA; this segment's certificate for mutual TLS), and the bearer
   // token the master knows this segment by (its identity must be `name`).
   ClientTlsOptions tls;
@@ -72,6 +82,9 @@ class MasterLink {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool mounted() const { return mounted_.load(); }
+  // The master mounted on now ("" if none) and the highest term followed so far.
+  std::string master() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t term() const { return term_.load(); }
   // Number of successful mounts so far (re-mounts after a master restart included).
   uint64_t mount_count() const { return mount_count_.load(); }
   // Commits checked against holds_bytes: by comparing the checksum their TCP write landed
@@ -81,8 +94,12 @@ class MasterLink {
   uint64_t commits_refused() const { return commits_refused_.load(); }
 
  private:
-  struct Rpc;
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A master answered with `term`: Ok, or FailedPrecondition when it is older than one
+  // already followed (a deposed leader).
+  absl::Status CheckTerm(const std::string& master, int64_t term);
+  // Leaves the master mounted on for the next one (several masters only).
+  void MoveOn(const std::string& leader_hint);
   absl::Status Mount();
   absl::Status Heartbeat();
   void Unmount();
@@ -92,8 +109,11 @@ class MasterLink {
   const MasterLinkOptions options_;
   Manifest& manifest_;
   GrantTable& grants_;
-  std::unique_ptr<Rpc> rpc_;
-  absl::Mutex mu_;
+  std::unique_ptr<MasterLocator> locator_;
+  mutable absl::Mutex mu_;
+  // The master mounted on (or being mounted on).
+  std::string master_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> term_{0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The heartbeat the master is holding (a long poll), for Stop to cancel.
   grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -103,6 +123,7 @@ class MasterLink {
   // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t acked_seq_ = 0;
+  int heartbeat_failures_ = 0;
   // ADD records (by sequence number) refused and not yet reported to this master.
   std::vector<uint64_t> refused_seqs_;
   LogLimiter refusal_log_;  // a line a second at most

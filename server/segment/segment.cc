@@ -8,6 +8,7 @@
 #include "common/net.h"
 #include "proto/capability.h"
 #include "proto/checksum.h"
+#include "proto/master_locator.h"
 #include "server/common/advertise.h"
 
 namespace kvpool::segment {
@@ -17,9 +18,10 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   absl::StatusOr<HostPort> listen = ParseHostPort(options.listen);
   if (!listen.ok()) return listen.status();
   if (!options.master_address.empty()) {
-    if (absl::StatusOr<HostPort> master = ParseHostPort(options.master_address); !master.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("master address: ", master.status().message()));
+    if (absl::StatusOr<std::unique_ptr<MasterLocator>> master =
+            MasterLocator::Create(options.master_address);
+        !master.ok()) {
+      return master.status();
     }
   }
   std::unique_ptr<Segment> segment(new Segment());

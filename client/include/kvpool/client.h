@@ -64,7 +64,10 @@ enum class TransportKind {
 };
 
 struct ClientOptions {
-  // gRPC address of kvpool-master.
+  // gRPC address of kvpool-master: "host:port"; or, with several masters elected through
+  // etcd, "host:port,host:port,..." or "etcd://host:port[,host:port]". Calls then go to the
+  // leader and follow it across fail-overs: a call in flight when the leader dies fails
+  // Unavailable (RPC_FAIL, retryable) unless a new leader answers before its deadline.
   std::string master_address = "127.0.0.1:50051";
   // TLS to the master: the CA that signed its certificate (empty: plaintext, which only a
   // master on loopback or one started with --insecure accepts); this client's certificate and
@@ -199,6 +202,14 @@ struct ClusterStatus {
   uint64_t put_deduplicated = 0;
   uint64_t put_no_space = 0;
   std::vector<SegmentStatus> segments;
+  // High availability: "single" (one master, no etcd), "leader" or "standby" (the master
+  // that answered; a standby answers only when no leader does); the leader's term (0 for a
+  // single master), its address, every registered master, and the master that answered.
+  std::string role = "single";
+  int64_t term = 0;
+  std::string leader;
+  std::vector<std::string> masters;
+  std::string answered_by;
 };
 
 struct DrainReport {

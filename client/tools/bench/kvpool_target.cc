@@ -301,13 +301,15 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
         std::shared_ptr<client::MasterClient> master = shared_master;
         if (master == nullptr) {
           const ClientOptions& creds = options_.credentials;
-          master = std::make_shared<client::MasterClient>(
-              options_.master, absl::Seconds(10),
-              ClientTlsOptions{.ca_file = creds.tls_ca_file,
+          ClientTlsOptions tls{.ca_file = creds.tls_ca_file,
                                .cert_file = creds.tls_cert_file,
                                .key_file = creds.tls_key_file,
-                               .server_name = creds.tls_server_name},
-              creds.auth_token);
+                               .server_name = creds.tls_server_name};
+          absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
+              MasterLocator::Create(options_.master, kDefaultEtcdPrefix, tls);
+          if (!locator.ok()) return locator.status();
+          master = std::make_shared<client::MasterClient>(std::move(*locator), absl::Seconds(10),
+                                                          tls, creds.auth_token);
           if (options_.shared_client) shared_master = master;
         }
         workers.push_back(std::make_unique<ReserveWorker>(

@@ -82,7 +82,9 @@ ABSL_FLAG(kvpool::ByteSize, tcp_socket_buffer, kvpool::ByteSize{0},
           "SO_SNDBUF/SO_RCVBUF of the raw TCP baseline (0: the kernel's autotuning)");
 
 // The pool.
-ABSL_FLAG(std::string, master, "127.0.0.1:50051", "gRPC address of kvpool-master");
+ABSL_FLAG(std::string, master, "127.0.0.1:50051",
+          "gRPC address of kvpool-master: host:port, a comma-separated list of masters, or "
+          "etcd://host:port[,host:port] (the leader is found and followed)");
 ABSL_FLAG(bool, start_pool, false,
           "Start a pool for the run on free loopback ports (kvpool-master with an embedded "
           "segment, or with --segments) and stop it at the end");
