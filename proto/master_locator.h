@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "proto/tls.h"
 
 namespace kvpool {
 
