@@ -150,6 +150,13 @@ const std::map<std::string, RpcCall>& AllRpcs() {
          v1::BatchRemoveResponse response;
          return stub.BatchRemove(context, request, &response);
        }},
+      {"BatchDropReplicas",
+       [](auto& stub, auto* context, const std::string&) {
+         v1::BatchDropReplicasRequest request;
+         request.set_segment("no-segment-is-named-this");
+         v1::BatchDropReplicasResponse response;
+         return stub.BatchDropReplicas(context, request, &response);
+       }},
       {"RemoveAll",
        [](auto& stub, auto* context, const std::string&) {
          v1::RemoveAllRequest request;
@@ -271,7 +278,8 @@ TEST_F(AuthTest, EveryRoleAgainstEveryRpc) {
       {"MountSegment", "-O--"},   {"RestoreManifest", "-O--"}, {"UnmountSegment", "-OA-"},
       {"Heartbeat", "-O--"},      {"BatchPutStart", "A-A-"},   {"BatchPutEnd", "A-A-"},
       {"BatchPutRevoke", "A-A-"}, {"BatchGetReplicaList", "A-A-"}, {"BatchExist", "A-A-"},
-      {"BatchRemove", "A-A-"},    {"RemoveAll", "--A-"},       {"DrainSegment", "--A-"},
+      {"BatchRemove", "A-A-"},    {"BatchDropReplicas", "A-A-"},   {"RemoveAll", "--A-"},
+      {"DrainSegment", "--A-"},
       {"MigrateStart", "--A-"},   {"MigrateEnd", "--A-"},      {"GetClusterStatus", "AAAA"},
   };
   const google::protobuf::ServiceDescriptor* service =

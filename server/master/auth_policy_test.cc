@@ -26,6 +26,7 @@ const std::map<std::string, std::string>& ExpectedTable() {
       {"BatchPutStart", "A-A-"},       {"BatchPutEnd", "A-A-"},
       {"BatchPutRevoke", "A-A-"},      {"BatchGetReplicaList", "A-A-"},
       {"BatchExist", "A-A-"},          {"BatchRemove", "A-A-"},
+      {"BatchDropReplicas", "A-A-"},
       {"RemoveAll", "--A-"},           {"DrainSegment", "--A-"},
       {"MigrateStart", "--A-"},        {"MigrateEnd", "--A-"},
       {"GetClusterStatus", "AAAA"},
