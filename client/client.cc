@@ -427,6 +427,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   if (absl::Status ready = impl->master.WaitForMaster(options.connect_timeout); !ready.ok()) {
     return ready;
   }
+  // The segments known now, so that the first writes and reads do not ask the master for
+  // them between a placement and its bytes (a write held up there lands late, and shared
+  // memory writes are not fenced at the segment: docs/semantics.md).
+  impl->ShmSocketOf("");
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

@@ -258,6 +258,12 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
   absl::StatusOr<std::vector<PutStartResult>> results =
       master_.BatchPutStart(keys, sizes, options);
   if (!results.ok()) return call.Finish(results.status());
+  // Again before placements leave: a leader stopped inside this handler (SIGSTOP, a long
+  // pause) past its lease would otherwise hand out ranges its successor may have reused, and
+  // shared-memory writes are not fenced at the segment (docs/semantics.md). What it reserved
+  // is never answered and expires. This narrows the window to the send itself; it does not
+  // close it.
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   std::vector<int32_t> codes;
   for (const PutStartResult& result : *results) {
     codes.push_back(ToErrorCode(result.status));
