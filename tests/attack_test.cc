@@ -33,6 +33,7 @@
 #include "proto/frame.h"
 #include "proto/shm_handshake.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/raw_tcp.h"
 #include "tests/harness/http_get.h"
 #include "tests/harness/values.h"
@@ -40,17 +41,9 @@
 namespace kvpool {
 namespace {
 
+using testing::Eventually;
 using testing::MasterProcess;
 using testing::SegmentProcess;
-
-bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return condition();
-}
 
 void SendAll(int fd, const void* data, size_t size) {
   const char* at = static_cast<const char*>(data);

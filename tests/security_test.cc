@@ -25,23 +25,16 @@
 #include "proto/channel.h"
 #include "proto/tls.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/http_get.h"
 #include "tests/harness/pki.h"
 
 namespace kvpool {
 namespace {
 
+using testing::Eventually;
 using testing::MasterProcess;
 using testing::SegmentProcess;
-
-bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return condition();
-}
 
 // Tokens of the test pool (at least 16 characters, as the master demands).
 constexpr char kEngineA[] = "engine-a-token-0000000001";

@@ -16,12 +16,14 @@
 #include "proto/channel.h"
 #include "proto/error_codes.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/values.h"
 #include "tests/harness/http_get.h"
 
 namespace kvpool {
 namespace {
 
+using testing::Eventually;
 using testing::MasterProcess;
 using testing::SegmentProcess;
 
@@ -34,17 +36,6 @@ std::unique_ptr<Client> Connect(const std::string& master, bool verify = false) 
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? std::move(*client) : nullptr;
-}
-
-// Polls `condition` every 50 ms until it holds or `timeout` passes.
-template <typename F>
-bool Eventually(F condition, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return condition();
 }
 
 TEST(DedupTest, ConcurrentWritersOfOneKeyExactlyOneWins) {
