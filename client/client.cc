@@ -58,6 +58,22 @@ absl::Status CountMismatch(size_t got, size_t expected) {
       absl::StrCat("master answered ", got, " results for ", expected, " keys"));
 }
 
+// One status per key from an answer of KeyResults for `n` keys: the call's failure for every
+// key, or CountMismatch's if the master answered another number of results.
+template <typename Response>
+std::vector<absl::Status> KeyStatuses(const absl::StatusOr<Response>& response, size_t n) {
+  if (!response.ok()) return std::vector<absl::Status>(n, response.status());
+  if (response->results_size() != static_cast<int>(n)) {
+    return std::vector<absl::Status>(n, CountMismatch(response->results_size(), n));
+  }
+  std::vector<absl::Status> results;
+  results.reserve(n);
+  for (const v1::KeyResult& result : response->results()) {
+    results.push_back(FromErrorCode(result.code(), result.message()));
+  }
+  return results;
+}
+
 // The first `size` bytes of `parts`, as an iovec list.
 std::vector<iovec> Truncated(absl::Span<const MutableBuffer> parts, uint64_t size) {
   std::vector<iovec> iov;
@@ -694,16 +710,7 @@ std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys
   request.set_force(force);
   for (const std::string& key : keys) request.add_keys(key);
   absl::StatusOr<v1::BatchRemoveResponse> response = impl_->master.BatchRemove(request);
-  if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
-    response = CountMismatch(response->results_size(), keys.size());
-  }
-  if (!response.ok()) return std::vector<absl::Status>(keys.size(), response.status());
-  std::vector<absl::Status> results;
-  results.reserve(keys.size());
-  for (const v1::KeyResult& result : response->results()) {
-    results.push_back(FromErrorCode(result.code(), result.message()));
-  }
-  return results;
+  return KeyStatuses(response, keys.size());
 }
 
 std::vector<absl::Status> Client::BatchDropReplicas(absl::Span<const std::string> keys,
@@ -715,16 +722,7 @@ std::vector<absl::Status> Client::BatchDropReplicas(absl::Span<const std::string
   for (const std::string& key : keys) request.add_keys(key);
   absl::StatusOr<v1::BatchDropReplicasResponse> response =
       impl_->master.BatchDropReplicas(request);
-  if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
-    response = CountMismatch(response->results_size(), keys.size());
-  }
-  if (!response.ok()) return std::vector<absl::Status>(keys.size(), response.status());
-  std::vector<absl::Status> results;
-  results.reserve(keys.size());
-  for (const v1::KeyResult& result : response->results()) {
-    results.push_back(FromErrorCode(result.code(), result.message()));
-  }
-  return results;
+  return KeyStatuses(response, keys.size());
 }
 
 absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
