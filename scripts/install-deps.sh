@@ -22,8 +22,9 @@ test_packages=(
   redis-server procps
   # tests/security_test makes its CA and certificates at test time with the openssl CLI
   openssl
-  # the HA tests start their own etcd (tests/harness/etcd.h), and iproute2 (ip netns) for
-  # the multi-host ones
+  # the HA tests start their own etcd (tests/harness/etcd.h); the multi-host ones make network
+  # namespaces, veth pairs and a bridge with iproute2's ip (tests/harness/netns.h; unshare and
+  # nsenter come with util-linux, which every Debian has)
   etcd-server etcd-client iproute2
   # deploy checks (deploy/CMakeLists.txt): PyYAML, and Go with the sources of Helm's template
   # functions, to build deploy/tools/helmrender offline

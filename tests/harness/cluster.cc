@@ -26,11 +26,12 @@ std::string SegmentBinary() { return KVPOOL_SEGMENT_BIN; }
 std::string CtlBinary() { return KVPOOL_CTL_BIN; }
 
 absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_args,
-                                          const std::string& listen) {
-  std::vector<std::string> args = {"--listen=" + listen, "--http-listen=127.0.0.1:0",
-                                   "--embedded-segment-listen=127.0.0.1:0", "--prefault=false"};
+                                          const std::string& listen, const Host& host) {
+  std::vector<std::string> args = {"--listen=" + listen, "--http-listen=" + host.address + ":0",
+                                   "--embedded-segment-listen=" + host.address + ":0",
+                                   "--prefault=false"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(MasterBinary(), args);
+  absl::StatusOr<std::unique_ptr<Process>> process = StartOn(host, MasterBinary(), args);
   if (!process.ok()) return process.status();
   absl::StatusOr<std::string> line = (*process)->WaitForLine("kvpool-master listening", kStartTimeout);
   if (!line.ok()) return line.status();
@@ -46,12 +47,13 @@ absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_
 }
 
 absl::StatusOr<SegmentProcess> StartSegment(const std::string& master, const std::string& size,
-                                            const std::vector<std::string>& extra_args) {
+                                            const std::vector<std::string>& extra_args,
+                                            const Host& host) {
   std::vector<std::string> args = {"--master=" + master, "--size=" + size,
-                                   "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
-                                   "--prefault=false"};
+                                   "--listen=" + host.address + ":0",
+                                   "--http-listen=" + host.address + ":0", "--prefault=false"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(SegmentBinary(), args);
+  absl::StatusOr<std::unique_ptr<Process>> process = StartOn(host, SegmentBinary(), args);
   if (!process.ok()) return process.status();
   absl::StatusOr<std::string> line =
       (*process)->WaitForLine("kvpool-segment listening", kStartTimeout);

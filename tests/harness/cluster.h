@@ -36,15 +36,17 @@ class FileRemover {
 struct MasterProcess {
   FileRemover embedded_shm_socket;
   std::unique_ptr<Process> process;
-  std::string grpc;              // "127.0.0.1:PORT"
-  std::string http;              // "127.0.0.1:PORT"
+  std::string grpc;              // "HOST:PORT"
+  std::string http;              // "HOST:PORT"
   std::string embedded_segment;  // data endpoint, or "none"
 };
 
 // Starts kvpool-master on free ports with `extra_args` (e.g. "--embedded-segment-size=0").
-// Pass `listen` to reuse a known gRPC address (restarting a master in place).
+// Pass `listen` to reuse a known gRPC address (restarting a master in place). On `host`, its
+// HTTP and embedded segment listen on the host's address (`listen` should too).
 absl::StatusOr<MasterProcess> StartMaster(const std::vector<std::string>& extra_args,
-                                          const std::string& listen = "127.0.0.1:0");
+                                          const std::string& listen = "127.0.0.1:0",
+                                          const Host& host = {});
 
 struct SegmentProcess {
   FileRemover shm_socket;
@@ -55,8 +57,10 @@ struct SegmentProcess {
   std::string shm;   // shared-memory socket path, or "none"
 };
 
-// Starts kvpool-segment with a pool of `size` ("64MiB") and waits until it is mounted.
+// Starts kvpool-segment with a pool of `size` ("64MiB") on free ports of `host` and waits
+// until it is mounted.
 absl::StatusOr<SegmentProcess> StartSegment(const std::string& master, const std::string& size,
-                                            const std::vector<std::string>& extra_args = {});
+                                            const std::vector<std::string>& extra_args = {},
+                                            const Host& host = {});
 
 }  // namespace kvpool::testing

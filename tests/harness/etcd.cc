@@ -44,7 +44,7 @@ absl::StatusOr<uint16_t> PickFreePort(const std::string& host) {
   return absl::UnavailableError(absl::StrCat("no free port on ", host));
 }
 
-absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(const std::string& host) {
+absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(const Host& host) {
   if (EtcdBinary().empty()) {
     return absl::NotFoundError("etcd is not installed (Debian: apt-get install etcd-server)");
   }
@@ -56,9 +56,15 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(const std::string&
   // Two ports that are free now; another process may take one before etcd binds it, so try
   // a few pairs.
   absl::Status launched = absl::UnavailableError("no attempt");
-  for (int attempt = 0; attempt < 5 && !launched.ok(); ++attempt) {
-    absl::StatusOr<uint16_t> client = PickFreePort(host);
-    absl::StatusOr<uint16_t> peer = PickFreePort(host);
+  if (!host.launcher.empty()) {
+    // A host of its own: etcd's usual ports are free (and cannot be probed from here).
+    server->client_port_ = 2379;
+    server->peer_port_ = 2380;
+    launched = server->Launch();
+  }
+  for (int attempt = 0; host.launcher.empty() && attempt < 5 && !launched.ok(); ++attempt) {
+    absl::StatusOr<uint16_t> client = PickFreePort(host.address);
+    absl::StatusOr<uint16_t> peer = PickFreePort(host.address);
     if (!client.ok()) return client.status();
     if (!peer.ok()) return peer.status();
     if (*client == *peer) continue;
@@ -71,11 +77,11 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(const std::string&
 }
 
 absl::Status EtcdServer::Launch() {
-  endpoint_ = absl::StrCat(host_, ":", client_port_);
+  endpoint_ = absl::StrCat(host_.address, ":", client_port_);
   std::string client_url = absl::StrCat("http://", endpoint_);
-  std::string peer_url = absl::StrCat("http://", host_, ":", peer_port_);
-  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(
-      EtcdBinary(),
+  std::string peer_url = absl::StrCat("http://", host_.address, ":", peer_port_);
+  absl::StatusOr<std::unique_ptr<Process>> process = StartOn(
+      host_, EtcdBinary(),
       {"--name=kvpool-test", "--data-dir=" + data_dir_, "--listen-client-urls=" + client_url,
        "--advertise-client-urls=" + client_url, "--listen-peer-urls=" + peer_url,
        "--initial-advertise-peer-urls=" + peer_url,

@@ -1,8 +1,9 @@
 #pragma once
 
 // A real etcd (Debian's etcd-server, /usr/bin/etcd) for tests: a single member on free ports
-// of `host`, its data in a fresh temporary directory (removed with it), waited for by asking
-// it, never by sleeping. Kill() and Start() again restart it on the same ports and data.
+// of loopback (or on 2379 and 2380 of a simulated host, tests/harness/netns.h), its data in a
+// fresh temporary directory (removed with it), waited for by asking it, never by sleeping.
+// Kill() and Start() again restart it on the same ports and data.
 
 #include <cstdint>
 #include <memory>
@@ -17,7 +18,7 @@ class EtcdServer {
  public:
   // NotFound (the caller skips) when etcd is not installed; Unavailable if it does not
   // answer within a minute.
-  static absl::StatusOr<std::unique_ptr<EtcdServer>> Start(const std::string& host = "127.0.0.1");
+  static absl::StatusOr<std::unique_ptr<EtcdServer>> Start(const Host& host = {});
   ~EtcdServer();
 
   // "host:port" of its client URL.
@@ -31,7 +32,7 @@ class EtcdServer {
   EtcdServer() = default;
   absl::Status Launch();
 
-  std::string host_;
+  Host host_;
   uint16_t client_port_ = 0;
   uint16_t peer_port_ = 0;
   std::string data_dir_;

@@ -118,6 +118,17 @@ int Process::Wait() {
   return wait_status_;
 }
 
+absl::StatusOr<std::unique_ptr<Process>> StartOn(const Host& host, const std::string& binary,
+                                                 const std::vector<std::string>& args) {
+  if (host.launcher.empty()) return Process::Start(binary, args);
+  struct stat info;
+  if (stat(binary.c_str(), &info) != 0) return absl::NotFoundError(absl::StrCat("no ", binary));
+  std::vector<std::string> command(host.launcher.begin() + 1, host.launcher.end());
+  command.push_back(binary);
+  command.insert(command.end(), args.begin(), args.end());
+  return Process::Start(host.launcher.front(), command);
+}
+
 std::string Field(absl::string_view line, absl::string_view key) {
   for (absl::string_view word : absl::StrSplit(line, ' ')) {
     if (absl::StartsWith(word, key) && word.size() > key.size() && word[key.size()] == '=') {

@@ -52,6 +52,19 @@ class Process {
   std::thread reader_;
 };
 
+// Where a test starts a server: this machine's loopback (the default), or a simulated host of
+// a VirtualNetwork (tests/harness/netns.h), whose namespace `launcher` enters before the
+// binary runs.
+struct Host {
+  std::string address = "127.0.0.1";  // the host's own address: servers listen here
+  std::vector<std::string> launcher;  // prefix of the command line; empty: none
+};
+
+// Process::Start of `binary` with `args` on `host` (through its launcher, which execs the
+// binary in place: the pid, signals and the death signal are the binary's own).
+absl::StatusOr<std::unique_ptr<Process>> StartOn(const Host& host, const std::string& binary,
+                                                 const std::vector<std::string>& args);
+
 // The value of `key` in a line of "key=value" words ("" if absent).
 std::string Field(absl::string_view line, absl::string_view key);
 
