@@ -45,10 +45,16 @@ CASES = [
     ("hugepages and hostNetwork", ["-f", str(HP_VALUES)]),
     ("embedded segment only", ["--set", "segment.enabled=false",
                                "--set", "master.embeddedSegment.sizeMiB=1024"]),
+    ("three masters with the chart's etcd", ["--set", "highAvailability.enabled=true"]),
+    ("three masters with an external etcd", ["--set", "highAvailability.enabled=true",
+                                             "--set", "highAvailability.etcd.endpoints=e1:2379,e2:2379"]),
 ]
 # (helmrender arguments, text the error must contain) of the renders that must fail.
 FAILING = [
-    (["--set", "highAvailability.enabled=true"], "not implemented"),
+    (["--set", "highAvailability.enabled=true", "--set", "master.embeddedSegment.sizeMiB=64"],
+     "needs master.embeddedSegment.sizeMiB 0"),
+    (["--set", "highAvailability.enabled=true", "--set", "highAvailability.replicas=1"],
+     "at least 2"),
     (["--set", "segment.enabled=false"], "the pool has no memory"),
     (["--set", "segment.hugepages.enabled=true", "--set", "segment.pool.sizeMiB=1025"],
      "multiple of 2"),
@@ -407,24 +413,59 @@ def check_case(c, helmrender, case, extra):
         want.append("ServiceMonitor")
     if v["prometheusRule"]["enabled"]:
         want.append("PrometheusRule")
+    ha = v["highAvailability"]
+    chart_etcd = ha["enabled"] and not ha["etcd"]["endpoints"]
+    if ha["enabled"]:
+        want.append("PodDisruptionBudget")
+    if chart_etcd:
+        want += ["StatefulSet", "Service", "Service", "PodDisruptionBudget"]
     c.check(kinds == sorted(want), f"{case}: objects {kinds}, want {sorted(want)}")
 
     image = f"{v['image']['repository']}:{v['image']['tag'] or lib.load_yaml(CHART / 'Chart.yaml')['appVersion']}"
     m = v["master"]
     master = one(c, objects, "Deployment", "master")
-    c.check(dig(master, "spec", "replicas") == 1 and
-            dig(master, "spec", "strategy", "type") == "Recreate",
-            f"{case}: the master must be one replica replaced with strategy Recreate")
+    if ha["enabled"]:
+        c.check(dig(master, "spec", "replicas") == ha["replicas"] and
+                dig(master, "spec", "strategy", "type") == "RollingUpdate" and
+                dig(master, "spec", "strategy", "rollingUpdate", "maxUnavailable") == 1,
+                f"{case}: with highAvailability, {ha['replicas']} masters rolled one at a time")
+    else:
+        c.check(dig(master, "spec", "replicas") == 1 and
+                dig(master, "spec", "strategy", "type") == "Recreate",
+                f"{case}: the master must be one replica replaced with strategy Recreate")
     master_ports = {"grpc": m["grpcPort"], "http": m["httpPort"]}
     if embedded:
         master_ports["data"] = m["embeddedSegment"]["port"]
     mrun = check_workload(c, case, objects, master, "kvpool-master", v, {
         "image": image, "ports": master_ports,
-        "probes": {"livenessProbe": "/healthz", "readinessProbe": "/readyz"},
+        "probes": {"livenessProbe": "/healthz",
+                   "readinessProbe": "/readyz?standby=ok" if ha["enabled"] else "/readyz"},
         "volumes": {"/etc/kvpool": ("configMap", None)},
         "memory_mib": int(m["memoryMiB"]) + embedded,
     })
     mflags = check_flags(c, "kvpool-master", mrun)
+    etcd_endpoints = ha["etcd"]["endpoints"] or \
+        f"{RELEASE}-kvpool-etcd.{NAMESPACE}.svc:{ha['etcd']['clientPort']}"
+    if mflags and ha["enabled"]:
+        c.check(mflags.get("etcd") == etcd_endpoints,
+                f"{case}: masters elect through --etcd={mflags.get('etcd')}, want {etcd_endpoints}")
+        c.check(mflags.get("advertise_address") == f"{ENV_SAMPLES['POD_IP']}:{m['grpcPort']}",
+                f"{case}: each master must advertise its pod IP and gRPC port")
+        c.check(mflags.get("leader_lease") == ha["leaderLease"] and
+                mflags.get("etcd_prefix") == (ha["etcdPrefix"] or f"/kvpool/{RELEASE}"),
+                f"{case}: --leader-lease/--etcd-prefix differ from the values")
+    elif mflags:
+        c.check("etcd" not in mflags, f"{case}: a single master must not run with --etcd")
+    if ha["enabled"]:
+        pdb = next((o for o in by_kind(objects, "PodDisruptionBudget")
+                    if o["metadata"]["labels"].get("app.kubernetes.io/component") == "master"), None)
+        pod_labels = dig(master, "spec", "template", "metadata", "labels", default={})
+        c.check(pdb is not None and dig(pdb, "spec", "maxUnavailable") == ha["maxUnavailable"] and
+                all(pod_labels.get(k) == x for k, x in
+                    dig(pdb, "spec", "selector", "matchLabels", default={"-": "-"}).items()),
+                f"{case}: the masters need a PodDisruptionBudget selecting them")
+    if chart_etcd:
+        check_etcd(c, case, objects, ha)
     if mflags:
         c.check(lib.host_port(mflags.get("listen", ":0"))[1] == m["grpcPort"] and
                 lib.host_port(mflags.get("http_listen", ":0"))[1] == m["httpPort"],
@@ -462,10 +503,15 @@ def check_case(c, helmrender, case, extra):
         sflags = check_flags(c, "kvpool-segment", srun)
         if sflags and master_svc:
             host, port = lib.host_port(sflags.get("master", ":0"))
-            c.check(host == f"{master_svc['metadata']['name']}.{NAMESPACE}.svc" and
-                    port == m["grpcPort"],
-                    f"{case}: segments call the master at {sflags.get('master')}, not at its "
-                    f"Service {master_svc['metadata']['name']}.{NAMESPACE}.svc:{m['grpcPort']}")
+            if ha["enabled"]:
+                c.check(sflags.get("master") == f"etcd://{etcd_endpoints}",
+                        f"{case}: with several masters, segments must find the leader through "
+                        f"etcd://{etcd_endpoints}, not {sflags.get('master')}")
+            else:
+                c.check(host == f"{master_svc['metadata']['name']}.{NAMESPACE}.svc" and
+                        port == m["grpcPort"],
+                        f"{case}: segments call the master at {sflags.get('master')}, not at its "
+                        f"Service {master_svc['metadata']['name']}.{NAMESPACE}.svc:{m['grpcPort']}")
             c.check(sflags.get("size") == f"{pool}MiB", f"{case}: segment --size should be {pool}MiB")
             c.check(lib.host_port(sflags.get("listen", ":0"))[1] == s["dataPort"] and
                     lib.host_port(sflags.get("http_listen", ":0"))[1] == s["httpPort"],
@@ -516,10 +562,53 @@ def check_case(c, helmrender, case, extra):
 
     c.check(notes.strip() != "", f"{case}: NOTES.txt renders empty")
     if master_svc:
-        address = f"{master_svc['metadata']['name']}.{NAMESPACE}.svc:{m['grpcPort']}"
+        address = f"etcd://{etcd_endpoints}" if ha["enabled"] else \
+            f"{master_svc['metadata']['name']}.{NAMESPACE}.svc:{m['grpcPort']}"
         c.check(address in notes and "kvpoolctl" in notes,
                 f"{case}: NOTES.txt should tell the master's address {address} and how to use kvpoolctl")
     return manifests
+
+
+def check_etcd(c, case, objects, ha):
+    """The chart's etcd: members that name each other through the headless Service, a client
+    Service the masters' --etcd names, a volume each, a budget."""
+    e = ha["etcd"]
+    sts = one(c, objects, "StatefulSet", "etcd")
+    if sts is None:
+        return
+    name = sts["metadata"]["name"]
+    spec = sts["spec"]
+    services = {o["metadata"]["name"]: o for o in by_kind(objects, "Service")}
+    peers = services.get(spec.get("serviceName"))
+    c.check(peers is not None and dig(peers, "spec", "clusterIP") == "None" and
+            dig(peers, "spec", "publishNotReadyAddresses") is True,
+            f"{case}: etcd's serviceName must be a headless Service publishing unready members")
+    c.check(spec.get("replicas") == e["replicas"] and spec.get("podManagementPolicy") == "Parallel",
+            f"{case}: {e['replicas']} etcd members started in parallel")
+    pod_labels = dig(spec, "template", "metadata", "labels", default={})
+    for svc in (peers, services.get(name)):
+        c.check(svc is not None and all(pod_labels.get(k) == x for k, x in
+                                        dig(svc, "spec", "selector", default={"-": "-"}).items()),
+                f"{case}: etcd Services must select the members")
+    ctr = dig(spec, "template", "spec", "containers", 0, default={})
+    args = ctr.get("args", [])
+    cluster = next((a.split("=", 1)[1] for a in args if a.startswith("--initial-cluster=")), "")
+    want = ",".join(f"{name}-{i}=http://{name}-{i}.{name}-peers.{NAMESPACE}.svc:{e['peerPort']}"
+                    for i in range(e["replicas"]))
+    c.check(cluster == want, f"{case}: etcd --initial-cluster={cluster}, want {want}")
+    c.check(f"--listen-client-urls=http://0.0.0.0:{e['clientPort']}" in args,
+            f"{case}: etcd must listen for clients on port {e['clientPort']}")
+    c.check(any(t["metadata"]["name"] == "data" for t in spec.get("volumeClaimTemplates", [])) and
+            any(mt.get("name") == "data" and mt.get("mountPath") == "/var/lib/etcd"
+                for mt in ctr.get("volumeMounts", [])),
+            f"{case}: each etcd member needs its data volume at /var/lib/etcd")
+    sc = ctr.get("securityContext", {})
+    c.check(sc.get("runAsNonRoot") is True and sc.get("readOnlyRootFilesystem") is True,
+            f"{case}: etcd runs as non-root on a read-only root filesystem")
+    pdb = next((o for o in by_kind(objects, "PodDisruptionBudget")
+                if o["metadata"]["labels"].get("app.kubernetes.io/component") == "etcd"), None)
+    c.check(pdb is not None and dig(pdb, "spec", "maxUnavailable") == ha["maxUnavailable"],
+            f"{case}: etcd needs a PodDisruptionBudget")
 
 
 def check_failures(c, helmrender):

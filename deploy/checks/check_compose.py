@@ -1,26 +1,34 @@
 #!/usr/bin/python3
-"""Static checks of deploy/compose/docker-compose.yaml and what it mounts (no Docker engine).
+"""Static checks of a compose file and what it mounts (no Docker engine):
+deploy/compose/docker-compose.yaml (one master, Prometheus, Grafana) by default, or the file
+named on the command line (deploy/compose/docker-compose.ha.yaml: etcd and three masters).
 
 The compose file parses (with its ${VAR:-default} settings at their defaults); services,
 networks, volumes, dependencies and health checks refer to things that exist; every kvpool
 command runs a binary the image ships with flags the built binary accepts; the addresses the
-services use point at services and ports that listen there (segments -> master, Prometheus ->
-every /metrics, Grafana -> Prometheus); bind mounts exist; the Prometheus configuration and
-Grafana's provisioning files parse and agree with the compose file.
+services use point at services and ports that listen there (segments -> master or the masters'
+etcd, masters -> etcd, Prometheus -> every /metrics, Grafana -> Prometheus); bind mounts exist;
+the Prometheus configuration and Grafana's provisioning files parse and agree with the compose
+file.
 """
 
 import os
 import pathlib
 import re
 import shlex
+import sys
 
 import deploylib as lib
 from deploylib import ROOT
 import yaml
 
 COMPOSE = ROOT / "deploy/compose/docker-compose.yaml"
-KVPOOL_SERVICES = {"master": "kvpool-master", "segment-1": "kvpool-segment",
-                   "segment-2": "kvpool-segment"}
+# The services each file must have (the kvpool ones found by their commands).
+REQUIRED = {
+    "docker-compose.yaml": {"master", "segment-1", "segment-2", "prometheus", "grafana"},
+    "docker-compose.ha.yaml": {"etcd", "master-1", "master-2", "master-3", "segment-1",
+                               "segment-2"},
+}
 PROMETHEUS_PORT = 9090
 GRAFANA_PORT = 3000
 
@@ -58,16 +66,27 @@ def mount_source(volume):
     return parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")
 
 
+def command_of(svc):
+    cmd = svc.get("command", [])
+    return shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+
+
 def main():
-    c = lib.Checker("compose")
-    compose_dir = COMPOSE.parent
-    doc = yaml.safe_load(interpolate(c, COMPOSE.read_text(encoding="utf-8")))
+    compose = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else COMPOSE
+    c = lib.Checker("compose" if compose == COMPOSE else f"compose {compose.name}")
+    compose_dir = compose.parent
+    doc = yaml.safe_load(interpolate(c, compose.read_text(encoding="utf-8")))
     services = doc.get("services", {})
     networks = doc.get("networks", {}) or {}
     volumes = doc.get("volumes", {}) or {}
-    c.check(set(KVPOOL_SERVICES) | {"prometheus", "grafana"} <= set(services),
-            f"services should include master, segment-1, segment-2, prometheus, grafana; got "
-            f"{sorted(services)}")
+    required = REQUIRED.get(compose.name, set())
+    c.check(required <= set(services),
+            f"services should include {sorted(required)}; got {sorted(services)}")
+    KVPOOL_SERVICES = {name: command_of(svc)[0] for name, svc in services.items()
+                       if command_of(svc)[:1] and command_of(svc)[0].startswith("kvpool-")}
+    masters = sorted(n for n, b in KVPOOL_SERVICES.items() if b == "kvpool-master")
+    etcds = {n for n, svc in services.items() if command_of(svc)[:1] == ["etcd"]}
+    c.check(bool(masters), "no kvpool-master service")
     c.check(bool(networks), "declare a private network for the pool")
     binaries = shipped_binaries()
 
@@ -110,8 +129,7 @@ def main():
                 f"{name}: build with deploy/docker/Dockerfile")
         c.check(svc.get("read_only") is True and "ALL" in svc.get("cap_drop", []),
                 f"{name}: run with a read-only root and no capabilities")
-        cmd = svc.get("command", [])
-        cmd = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        cmd = command_of(svc)
         c.check(bool(cmd) and cmd[0] == binary and binary in binaries,
                 f"{name}: command should run {binary} (shipped by the image), got {cmd[:1]}")
         args = cmd[1:]
@@ -140,24 +158,54 @@ def main():
             c.check(port == ports["http_listen"],
                     f"{name}: health check port {port}, but the service's HTTP port is "
                     f"{ports['http_listen']}")
-            c.check(test[3] in ("/healthz", "/readyz"), f"{name}: health check path {test[3]}")
+            allowed = ("/healthz", "/readyz")
+            if binary == "kvpool-master" and lib.flag_value(args, "etcd"):
+                # One of several masters: a healthy standby must pass too.
+                allowed = ("/healthz", "/readyz?standby=ok")
+            c.check(test[3] in allowed, f"{name}: health check path {test[3]}, want one of "
+                    f"{allowed}")
         for published in svc.get("ports", []):
             container_port = int(str(published).rsplit(":", 1)[1].split("/")[0])
             c.check(container_port in ports.values(),
                     f"{name}: publishes {container_port}, where nothing listens")
 
-    # Segments mount on the master and advertise a name the network resolves.
-    master_port = listen.get("master", {}).get("listen")
+    # Several masters: each elects through a compose etcd and advertises its service name.
+    def etcd_target_ok(target):
+        for endpoint in target.split(","):
+            host, port = lib.host_port(endpoint)
+            urls = lib.flag_value(command_of(services.get(host, {}))[1:], "listen_client_urls")
+            if host not in etcds or not urls or not urls.rstrip("/").endswith(f":{port}"):
+                return False
+        return True
+
+    for name in masters:
+        etcd = lib.flag_value(commands.get(name, []), "etcd")
+        if len(masters) > 1:
+            c.check(etcd is not None and etcd_target_ok(etcd),
+                    f"{name}: one of several masters needs --etcd=SERVICE:PORT of a compose etcd, "
+                    f"got {etcd}")
+            c.check(lib.flag_value(commands.get(name, []), "advertise_address") ==
+                    f"{name}:{listen.get(name, {}).get('listen')}",
+                    f"{name}: --advertise-address should be {name}:PORT (what others resolve)")
+            c.check(any(d in etcds for d in services[name].get("depends_on", {})),
+                    f"{name}: should start after etcd")
+
+    # Segments mount on the master (or the masters' leader, found through etcd) and advertise
+    # a name the network resolves.
     names = set()
     for name, args in commands.items():
         if KVPOOL_SERVICES[name] != "kvpool-segment":
             continue
         target = lib.flag_value(args, "master") or "127.0.0.1:50051"
-        host, port = lib.host_port(target)
-        c.check(host in services and KVPOOL_SERVICES.get(host) == "kvpool-master" and
-                port == master_port,
-                f"{name}: --master={target} is not the master service's gRPC port "
-                f"(master:{master_port})")
+        if target.startswith("etcd://"):
+            c.check(len(masters) > 1 and etcd_target_ok(target[len("etcd://"):]),
+                    f"{name}: --master={target} is not the masters' compose etcd")
+        else:
+            for address in target.split(","):
+                host, port = lib.host_port(address)
+                c.check(host in masters and port == listen.get(host, {}).get("listen"),
+                        f"{name}: --master={target}: {address} is not a master service's gRPC "
+                        f"port")
         advertise = lib.flag_value(args, "advertise_host")
         c.check(advertise == name, f"{name}: --advertise-host should be the service name {name} "
                 f"(what other containers resolve), got {advertise}")
@@ -165,7 +213,9 @@ def main():
         c.check(segment_name and segment_name not in names, f"{name}: --name must be unique")
         names.add(segment_name)
         depends = services[name].get("depends_on", {})
-        c.check("master" in depends, f"{name}: should start after the master")
+        c.check(any(m in depends for m in masters), f"{name}: should start after the master")
+    if "prometheus" not in services:
+        return c.finish()
 
     # Prometheus: its configuration is the one in deploy/prometheus, its targets listen.
     prom = services.get("prometheus", {})

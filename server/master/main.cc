@@ -331,12 +331,19 @@ int main(int argc, char** argv) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
   });
   // Ready once the gRPC server runs (it is by now; the handler exists from here on). With
-  // --etcd, only the leader is ready, and only once the segments have had time to mount on
-  // it again and none is still reporting its manifest.
-  http.Handle("/readyz", [&leadership, &master](const kvpool::HttpRequest&) {
+  // --etcd, only the leader is ready (for writes), and only once the segments have had time
+  // to mount on it again and none is still reporting its manifest. /readyz?standby=ok also
+  // passes a standby that knows the leader (a healthy member: what a pod's readiness needs,
+  // so that rollouts and disruption budgets work with one leader and several standbys).
+  http.Handle("/readyz", [&leadership, &master](const kvpool::HttpRequest& request) {
     if (leadership == nullptr) return kvpool::HttpResponse{200, "text/plain", "ready\n"};
     if (!leadership->IsLeader()) {
       std::string leader = leadership->leader();
+      auto standby = request.params.find("standby");
+      if (standby != request.params.end() && standby->second == "ok" && !leader.empty()) {
+        return kvpool::HttpResponse{200, "text/plain", absl::StrCat("standby; leader ", leader,
+                                                                    "\n")};
+      }
       return kvpool::HttpResponse{
           503, "text/plain",
           absl::StrCat("standby; leader ", leader.empty() ? "unknown" : leader, "\n")};

@@ -64,10 +64,31 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* gRPC address segments and clients call the master at. */}}
+{{- define "kvpool.etcdName" -}}
+{{ include "kvpool.fullname" . }}-etcd
+{{- end }}
+
+{{/* etcd endpoints of the masters' election: the user's, or the chart's etcd Service. */}}
+{{- define "kvpool.etcdEndpoints" -}}
+{{- if .Values.highAvailability.etcd.endpoints }}
+{{- .Values.highAvailability.etcd.endpoints }}
+{{- else }}
+{{- include "kvpool.etcdName" . }}.{{ .Release.Namespace }}.svc:{{ int64 .Values.highAvailability.etcd.clientPort }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the chart runs its own etcd. */}}
+{{- define "kvpool.chartEtcd" -}}
+{{- if and .Values.highAvailability.enabled (not .Values.highAvailability.etcd.endpoints) }}true{{ end }}
+{{- end }}
+
+{{/* gRPC address segments and clients call the master at (with several masters: the leader,
+found through etcd). */}}
 {{- define "kvpool.masterAddress" -}}
 {{- if .Values.segment.masterAddress }}
 {{- .Values.segment.masterAddress }}
+{{- else if .Values.highAvailability.enabled }}
+{{- printf "etcd://%s" (include "kvpool.etcdEndpoints" .) }}
 {{- else }}
 {{- include "kvpool.masterName" . }}.{{ .Release.Namespace }}.svc:{{ .Values.master.grpcPort }}
 {{- end }}
@@ -125,7 +146,12 @@ limits:
 {{/* Values that cannot work together fail the render with a message. */}}
 {{- define "kvpool.validate" -}}
 {{- if .Values.highAvailability.enabled }}
-{{- fail "highAvailability.enabled: several masters with leader election through etcd are not implemented yet (kvpool-master has no etcd flags); leave it false" }}
+{{- if gt (int64 .Values.master.embeddedSegment.sizeMiB) 0 }}
+{{- fail "highAvailability.enabled needs master.embeddedSegment.sizeMiB 0 (an embedded pool dies with its master; the segments hold the pool)" }}
+{{- end }}
+{{- if lt (int64 .Values.highAvailability.replicas) 2 }}
+{{- fail "highAvailability.replicas must be at least 2 (3 recommended)" }}
+{{- end }}
 {{- end }}
 {{- if and (not .Values.segment.enabled) (eq (int64 .Values.master.embeddedSegment.sizeMiB) 0) }}
 {{- fail "the pool has no memory: enable segment (the DaemonSet) or set master.embeddedSegment.sizeMiB" }}
