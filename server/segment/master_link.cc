@@ -108,10 +108,11 @@ absl::Status MasterLink::Mount() {
   request.set_endpoint(options_.endpoint);
   request.set_size(options_.size);
   request.set_incarnation(options_.incarnation);
-  // A new term: from here on only the new master's tokens verify, and no write of the old
-  // term lands another byte (that master's reservations are gone with it).
+  // The secret of the term this mount starts. It takes effect (NewTerm, below) only once the
+  // master has accepted the mount and the manifest: until then the previous master's tokens
+  // keep verifying, so reads of cached locations go on while no master answers (a fail-over,
+  // or this segment cut from the masters).
   std::string secret = wire::NewCapabilitySecret();
-  grants_.NewTerm(secret);
   request.set_token_secret(secret);
   request.set_manifest_objects(entries.size());
   request.set_shm_socket(options_.shm_socket);
@@ -157,6 +158,13 @@ absl::Status MasterLink::Mount() {
       manifest_.Forget(refused);
     }
   }
+  // A new term: from here on only this master's tokens verify, and no write of the old term
+  // lands another byte (that master's reservations are gone with it). Only now, with the
+  // manifest reported: a cached location of the old term still reads until the new master
+  // can answer for its object. This master takes no new object on this segment before the
+  // manifest's last chunk, and a token it minted before this line is refused (it does not
+  // verify yet), so no write of its term ever mixes with one of the old.
+  grants_.NewTerm(secret);
   acked_seq_ = 0;
   refused_seqs_.clear();  // sequence numbers of the previous master
   mounted_.store(true);

@@ -69,9 +69,9 @@ struct MasterLinkOptions {
 
 class MasterLink {
  public:
-  // Both must outlive the link. Every mount starts a new term of `grants` (a new token
-  // secret, told to the master); the grants the master ends are ended in `grants` before
-  // they are acknowledged.
+  // Both must outlive the link. Every mount the master accepts starts a new term of
+  // `grants` (a new token secret, told to the master; until then the previous one holds);
+  // the grants the master ends are ended in `grants` before they are acknowledged.
   MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants);
   ~MasterLink();
   MasterLink(const MasterLink&) = delete;
