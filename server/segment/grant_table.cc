@@ -35,9 +35,16 @@ GrantTable::GrantTable(std::string secret, bool require_token, size_t max_ended)
     : require_token_(require_token), max_ended_(std::max<size_t>(max_ended, 4)),
       secret_(std::move(secret)) {}
 
-absl::Status GrantTable::CheckLocked(const wire::RequestHeader& request, absl::Time now) const {
+absl::Status GrantTable::CheckLocked(const wire::RequestHeader& request, absl::Time now,
+                                     bool* next_term) const {
   if (!require_token_) return absl::OkStatus();
   absl::Status granted = wire::VerifyToken(secret_, request, now);
+  if (!granted.ok() && request.opcode == wire::Opcode::kRead && !next_secret_.empty() &&
+      wire::VerifyToken(next_secret_, request, now).ok()) {
+    // A read of the next term, whose master has ended none of its grants yet.
+    if (next_term != nullptr) *next_term = true;
+    return absl::OkStatus();
+  }
   if (!granted.ok()) return granted;
   uint64_t grant = wire::TokenGrant(request.token);
   if (grant != 0 && wire::TokenExpiry(request.token) <= refused_through_) {
@@ -66,10 +73,13 @@ absl::Status GrantTable::CheckRead(const wire::RequestHeader& request, absl::Tim
 absl::StatusOr<uint64_t> GrantTable::BeginRead(const wire::RequestHeader& request,
                                                 absl::Time now, std::function<void()> cut) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status checked = CheckLocked(request, now); !checked.ok()) return checked;
+  bool next_term = false;
+  if (absl::Status checked = CheckLocked(request, now, &next_term); !checked.ok()) {
+    return checked;
+  }
   uint64_t grant = require_token_ ? wire::TokenGrant(request.token) : 0;
   uint64_t read = ++next_read_;
-  if (grant != 0) reads_.emplace(read, InFlightRead{grant, std::move(cut)});
+  if (grant != 0) reads_.emplace(read, InFlightRead{grant, std::move(cut), next_term});
   return read;
 }
 
@@ -80,6 +90,7 @@ void GrantTable::EndRead(uint64_t read) {
 
 void GrantTable::CutReadsLocked(bool all, uint64_t grant) {
   absl::erase_if(reads_, [&](auto& entry) {
+    if (entry.second.next_term) return false;  // not a grant of this term
     if (!all && entry.second.grant != grant) return false;
     entry.second.cut();
     ++reads_cut_;
@@ -162,14 +173,31 @@ void GrantTable::ForgetEarliestLocked() {
   refused_through_ = std::max(refused_through_, through);
 }
 
+void GrantTable::PrepareTerm(std::string next_secret) {
+  absl::MutexLock lock(&mu_);
+  next_secret_ = std::move(next_secret);
+}
+
 void GrantTable::NewTerm(std::string secret) {
   absl::MutexLock lock(&mu_);
+  bool prepared = secret == next_secret_;
   secret_ = std::move(secret);
+  next_secret_.clear();
   ended_.clear();  // tokens of the old term no longer verify at all
   refused_through_ = absl::InfinitePast();
   written_.clear();
   for (auto& [grant, write] : writes_) write->End();
-  CutReadsLocked(/*all=*/true, 0);
+  // Every read in flight is cut but those that verified under the new secret (prepared):
+  // they are of this term now, cut when it ends their grant.
+  absl::erase_if(reads_, [&](auto& entry) {
+    if (prepared && entry.second.next_term) {
+      entry.second.next_term = false;
+      return false;
+    }
+    entry.second.cut();
+    ++reads_cut_;
+    return true;
+  });
 }
 
 void GrantTable::PruneLocked(absl::Time now) {

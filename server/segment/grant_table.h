@@ -109,8 +109,15 @@ class GrantTable {
   // by shared memory or RDMA, which this table does not see).
   std::optional<Landed> End(uint64_t grant, bool writes_only, absl::Time until)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The next term's secret, told to a master that has accepted this segment's mount: READ
+  // tokens under it verify from now on, besides every token of the current term (cached
+  // locations), so that master can serve reads as soon as it knows the segment's objects.
+  // Nothing but reads verifies under it before NewTerm(next_secret): no write of the next
+  // term lands while one of the current term still can. A later PrepareTerm replaces it.
+  void PrepareTerm(std::string next_secret) ABSL_LOCKS_EXCLUDED(mu_);
   // A new term: tokens verify under `secret` only from now on, and every write in flight
-  // ends. Returns once none can land another byte.
+  // ends, as does every read in flight but those already verified under `secret` (by
+  // PrepareTerm). Returns once none can land another byte.
   void NewTerm(std::string secret) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::string secret() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -130,8 +137,9 @@ class GrantTable {
     bool writes_only = true;
     absl::Time until;
   };
-  absl::Status CheckLocked(const wire::RequestHeader& request, absl::Time now) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `next_term`, if given, says whether the token verified under next_secret_.
+  absl::Status CheckLocked(const wire::RequestHeader& request, absl::Time now,
+                           bool* next_term = nullptr) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void PruneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetEarliestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -139,6 +147,7 @@ class GrantTable {
   const size_t max_ended_;
   mutable absl::Mutex mu_;
   std::string secret_ ABSL_GUARDED_BY(mu_);
+  std::string next_secret_ ABSL_GUARDED_BY(mu_);  // PrepareTerm's; empty: none
   absl::flat_hash_map<uint64_t, Ended> ended_ ABSL_GUARDED_BY(mu_);
   std::unordered_multimap<uint64_t, std::shared_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
   // Per grant written since it opened (until End): the last write begun, and what it landed.
@@ -151,6 +160,7 @@ class GrantTable {
   struct InFlightRead {
     uint64_t grant = 0;
     std::function<void()> cut;
+    bool next_term = false;  // verified under next_secret_: a grant of the next term
   };
   absl::flat_hash_map<uint64_t, InFlightRead> reads_ ABSL_GUARDED_BY(mu_);
   uint64_t next_read_ ABSL_GUARDED_BY(mu_) = 0;

@@ -75,6 +75,71 @@ TEST(GrantTableTest, NewTermRefusesOldTokensAndEndsWritesInFlight) {
   EXPECT_EQ(grants.writes_in_flight(), 0u);
 }
 
+// Between a mount the master accepted and the manifest reported (MasterLink), reads of both
+// terms verify, writes only of the old; NewTerm then keeps the new term's reads in flight.
+TEST(GrantTableTest, APreparedTermVerifiesReadsOnlyUntilItBegins) {
+  std::string old_secret = wire::NewCapabilitySecret();
+  std::string new_secret = wire::NewCapabilitySecret();
+  GrantTable grants(old_secret);
+  absl::Time now = absl::Now();
+  grants.PrepareTerm(new_secret);
+  EXPECT_TRUE(grants.CheckRead(Request(old_secret, wire::Opcode::kRead, 3), now).ok());
+  EXPECT_TRUE(grants.CheckRead(Request(new_secret, wire::Opcode::kRead, 3), now).ok());
+  EXPECT_EQ(grants.BeginWrite(Request(new_secret, wire::Opcode::kWrite, 3), now).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::shared_ptr<GrantTable::Write>> old_write =
+      grants.BeginWrite(Request(old_secret, wire::Opcode::kWrite, 4), now);
+  ASSERT_TRUE(old_write.ok());
+  // An old grant's end does not touch a new read with the same grant id.
+  int old_cut = 0, new_cut = 0;
+  absl::StatusOr<uint64_t> old_read =
+      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 5), now, [&] { ++old_cut; });
+  absl::StatusOr<uint64_t> new_read =
+      grants.BeginRead(Request(new_secret, wire::Opcode::kRead, 5), now, [&] { ++new_cut; });
+  ASSERT_TRUE(old_read.ok());
+  ASSERT_TRUE(new_read.ok());
+  grants.End(5, /*writes_only=*/false, now + absl::Minutes(1));
+  EXPECT_EQ(old_cut, 1);
+  EXPECT_EQ(new_cut, 0);
+  absl::StatusOr<uint64_t> old_read_2 =
+      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 6), now, [&] { ++old_cut; });
+  ASSERT_TRUE(old_read_2.ok());
+
+  grants.NewTerm(new_secret);
+  EXPECT_EQ(old_cut, 2);  // the old term's read in flight is cut
+  EXPECT_EQ(new_cut, 0);  // the new one goes on
+  EXPECT_EQ(grants.reads_in_flight(), 1u);
+  EXPECT_FALSE((*old_write)->Land([] {}));
+  EXPECT_EQ(grants.CheckRead(Request(old_secret, wire::Opcode::kRead, 3), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(grants.BeginWrite(Request(new_secret, wire::Opcode::kWrite, 3), now).ok());
+  // Of this term now: its grant's end cuts it.
+  grants.End(5, /*writes_only=*/false, now + absl::Minutes(1));
+  EXPECT_EQ(new_cut, 1);
+  grants.EndWrite(*old_write);
+}
+
+// A prepared secret replaced before its term begins verifies nothing any more, and a term
+// begun under another secret cuts the reads it had let in.
+TEST(GrantTableTest, AReplacedPreparedTermVerifiesNothing) {
+  std::string old_secret = wire::NewCapabilitySecret();
+  std::string abandoned = wire::NewCapabilitySecret();
+  std::string next = wire::NewCapabilitySecret();
+  GrantTable grants(old_secret);
+  absl::Time now = absl::Now();
+  grants.PrepareTerm(abandoned);
+  int cut = 0;
+  ASSERT_TRUE(
+      grants.BeginRead(Request(abandoned, wire::Opcode::kRead, 2), now, [&] { ++cut; }).ok());
+  grants.PrepareTerm(next);
+  EXPECT_EQ(grants.CheckRead(Request(abandoned, wire::Opcode::kRead, 2), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  grants.NewTerm(wire::NewCapabilitySecret());
+  EXPECT_EQ(cut, 1);
+  EXPECT_EQ(grants.CheckRead(Request(next, wire::Opcode::kRead, 2), now).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 TEST(GrantTableTest, EndWaitsForALandInProgressAndStopsLaterOnes) {
   std::string secret = wire::NewCapabilitySecret();
   GrantTable grants(secret);

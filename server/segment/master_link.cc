@@ -131,6 +131,9 @@ absl::Status MasterLink::Mount() {
     locator_->Failed(master, "");
     return current;
   }
+  // Reads of this master's term verify from here on (it serves them as soon as the manifest
+  // below has told it what this segment holds), besides the previous term's.
+  grants_.PrepareTerm(secret);
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
   }
@@ -162,8 +165,8 @@ absl::Status MasterLink::Mount() {
   // lands another byte (that master's reservations are gone with it). Only now, with the
   // manifest reported: a cached location of the old term still reads until the new master
   // can answer for its object. This master takes no new object on this segment before the
-  // manifest's last chunk, and a token it minted before this line is refused (it does not
-  // verify yet), so no write of its term ever mixes with one of the old.
+  // manifest's last chunk, and a write token it minted before this line is refused (only its
+  // reads verify yet), so no write of its term ever mixes with one of the old.
   grants_.NewTerm(secret);
   acked_seq_ = 0;
   refused_seqs_.clear();  // sequence numbers of the previous master
