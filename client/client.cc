@@ -123,8 +123,14 @@ struct Client::Impl {
     bool cached = false;
   };
 
-  // Step G1 for `keys`: from the cache where a lease has at least kCacheMargin to run, from
-  // the master (one call) for the rest. A whole-call failure is the status.
+  // Step G1 for `keys`: from the cache where a lease has more than half of it (and at least
+  // kCacheMargin) to run, from the master (one call) for the rest. A cached location asked
+  // for again is still used, if its lease has kFallbackMargin to run, when the master cannot
+  // answer for it: the call fails (no leader, during a fail-over: when every key has a cached
+  // location the call waits kRenewTimeout at most) or says OBJECT_NOT_FOUND (a new leader
+  // whose index has not yet been rebuilt from the segment's manifest). Renewing at half the
+  // lease leaves the rest of it (5 s of the default 10 s) to ride out a fail-over, which takes
+  // about the masters' etcd lease (3 s). A whole-call failure is the status.
   absl::StatusOr<std::vector<Located>> Locate(absl::Span<const std::string> keys)
       ABSL_LOCKS_EXCLUDED(cache_mu);
   void ForgetLocations(absl::Span<const std::string> keys) ABSL_LOCKS_EXCLUDED(cache_mu);
@@ -177,6 +183,8 @@ struct Client::Impl {
   // Locations within their lease, by key (see Located). Bounded: cleared when full.
   static constexpr size_t kMaxCachedLocations = size_t{1} << 16;
   static constexpr absl::Duration kCacheMargin = absl::Seconds(2);
+  static constexpr absl::Duration kFallbackMargin = absl::Milliseconds(500);
+  static constexpr absl::Duration kRenewTimeout = absl::Milliseconds(500);
   absl::Mutex cache_mu;
   absl::flat_hash_map<std::string, Located> locations ABSL_GUARDED_BY(cache_mu);
 
@@ -271,15 +279,24 @@ absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
     absl::Span<const std::string> keys) {
   std::vector<Located> located(keys.size());
   std::vector<size_t> missing;
+  // Cached locations being asked for again, by their position in `missing`.
+  absl::flat_hash_map<size_t, Located> renewing;
   absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&cache_mu);
     for (size_t i = 0; i < keys.size(); ++i) {
       auto it = options.cache_locations ? locations.find(keys[i]) : locations.end();
-      if (it != locations.end() && it->second.lease_expiry - kCacheMargin > now) {
+      absl::Duration margin =
+          it == locations.end()
+              ? kCacheMargin
+              : std::max(kCacheMargin, absl::Milliseconds(it->second.result.lease_ttl_ms()) / 2);
+      if (it != locations.end() && it->second.lease_expiry - margin > now) {
         located[i] = it->second;
         location_cache_hits.fetch_add(1, std::memory_order_relaxed);
       } else {
+        if (it != locations.end() && it->second.lease_expiry - kFallbackMargin > now) {
+          renewing.emplace(missing.size(), it->second);
+        }
         located[i].key = keys[i];
         missing.push_back(i);
       }
@@ -288,15 +305,27 @@ absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
   if (missing.empty()) return located;
   v1::BatchGetReplicaListRequest request;
   for (size_t i : missing) request.add_keys(keys[i]);
-  absl::StatusOr<v1::BatchGetReplicaListResponse> answer = master.BatchGetReplicaList(request);
+  absl::StatusOr<v1::BatchGetReplicaListResponse> answer = master.BatchGetReplicaList(
+      request, renewing.size() == missing.size() ? std::optional(kRenewTimeout) : std::nullopt);
   if (answer.ok() && answer->results_size() != static_cast<int>(missing.size())) {
     answer = CountMismatch(answer->results_size(), missing.size());
   }
-  if (!answer.ok()) return answer.status();
+  if (!answer.ok()) {
+    if (renewing.size() != missing.size()) return answer.status();
+    // Every key still has a lease: read where the cache says.
+    for (auto& [k, entry] : renewing) located[missing[k]] = std::move(entry);
+    return located;
+  }
   absl::MutexLock lock(&cache_mu);
   if (locations.size() > kMaxCachedLocations) locations.clear();
   for (size_t k = 0; k < missing.size(); ++k) {
     Located& entry = located[missing[k]];
+    if (auto old = renewing.find(k); old != renewing.end() &&
+                                      answer->results(static_cast<int>(k)).code() ==
+                                          v1::OBJECT_NOT_FOUND) {
+      entry = std::move(old->second);
+      continue;
+    }
     entry.result = std::move(*answer->mutable_results(static_cast<int>(k)));
     entry.lease_expiry = now + absl::Milliseconds(entry.result.lease_ttl_ms());
     if (options.cache_locations && entry.result.code() == v1::OK) {

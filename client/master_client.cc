@@ -139,8 +139,9 @@ absl::StatusOr<v1::BatchPutRevokeResponse> MasterClient::BatchPutRevoke(
 }
 
 absl::StatusOr<v1::BatchGetReplicaListResponse> MasterClient::BatchGetReplicaList(
-    const v1::BatchGetReplicaListRequest& request) {
-  return Call(&v1::MasterService::Stub::BatchGetReplicaList, request, rpc_timeout_);
+    const v1::BatchGetReplicaListRequest& request, std::optional<absl::Duration> timeout) {
+  return Call(&v1::MasterService::Stub::BatchGetReplicaList, request,
+              std::min(rpc_timeout_, timeout.value_or(rpc_timeout_)));
 }
 
 absl::StatusOr<v1::BatchExistResponse> MasterClient::BatchExist(

@@ -11,6 +11,7 @@
 // been executed), and the call fails Unavailable (retryable) once no master is left.
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -42,8 +43,10 @@ class MasterClient {
   absl::StatusOr<v1::BatchPutEndResponse> BatchPutEnd(const v1::BatchPutEndRequest& request);
   absl::StatusOr<v1::BatchPutRevokeResponse> BatchPutRevoke(
       const v1::BatchPutRevokeRequest& request);
+  // Within `timeout` if given (shorter than rpc_timeout: a renewal of cached locations).
   absl::StatusOr<v1::BatchGetReplicaListResponse> BatchGetReplicaList(
-      const v1::BatchGetReplicaListRequest& request);
+      const v1::BatchGetReplicaListRequest& request,
+      std::optional<absl::Duration> timeout = std::nullopt);
   absl::StatusOr<v1::BatchExistResponse> BatchExist(const v1::BatchExistRequest& request);
   absl::StatusOr<v1::BatchRemoveResponse> BatchRemove(const v1::BatchRemoveRequest& request);
   absl::StatusOr<v1::BatchDropReplicasResponse> BatchDropReplicas(
