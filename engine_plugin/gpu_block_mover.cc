@@ -1,6 +1,7 @@
 #include "engine_plugin/gpu_block_mover.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <future>
 
@@ -38,6 +39,7 @@ absl::StatusOr<std::unique_ptr<GpuBlockMover>> GpuBlockMover::Create(
       options.gpu_checksums && layout.segments().size() <= size_t{kernels::kMaxChecksumSegments};
   std::unique_ptr<GpuBlockMover> mover(
       new GpuBlockMover(client, options.force_remote, gpu_checksums));
+  mover->layerwise_tail_ = std::clamp(options.layerwise_tail, 0.0, 1.0);
   if (cudaError_t e = cudaGetDevice(&mover->device_); e != cudaSuccess) {
     return CudaError("finding the current device", e);
   }
@@ -91,6 +93,10 @@ absl::Status GpuBlockMover::SetUp(Direction& direction, cudaStream_t stream,
     direction.own_stream = true;
   }
   direction.stream = stream;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&direction.sum_stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    return CudaError("creating a checksum stream", e);
+  }
   // Room to stage a few whole block objects in device memory (CopyMethod::kStaged).
   direction.staging.bytes = std::max<uint64_t>(bytes_per_block_ * 8, uint64_t{64} << 20);
   if (cudaError_t e = cudaMalloc(&direction.staging.device, direction.staging.bytes);
@@ -122,11 +128,17 @@ absl::Status GpuBlockMover::ReserveSums(uint64_t*& sums, size_t& capacity, size_
   return absl::OkStatus();
 }
 
-absl::Status GpuBlockMover::LaunchChecksums(Direction& direction, const Batch& batch) {
+absl::Status GpuBlockMover::LaunchChecksums(Direction& direction, const Batch& batch,
+                                            bool after_copy) {
   if (batch.ids.empty() || batch.sums == nullptr) return absl::OkStatus();
-  cudaError_t e = kernels::ChecksumBlocks(segments_.data(), static_cast<int>(segments_.size()),
-                                          batch.ids.data(), static_cast<int>(batch.ids.size()),
-                                          batch.sums, direction.stream);
+  cudaError_t e = after_copy ? cudaStreamWaitEvent(direction.sum_stream, batch.done, 0)
+                             : cudaSuccess;
+  if (e == cudaSuccess) {
+    e = kernels::ChecksumBlocks(segments_.data(), static_cast<int>(segments_.size()),
+                                batch.ids.data(), static_cast<int>(batch.ids.size()), batch.sums,
+                                direction.sum_stream);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(batch.summed, direction.sum_stream);
   return e == cudaSuccess ? absl::OkStatus() : CudaError("checksumming blocks", e);
 }
 
@@ -134,6 +146,10 @@ GpuBlockMover::~GpuBlockMover() {
   for (Direction* direction : {&store_, &load_}) {
     absl::MutexLock lock(&direction->mu);
     if (direction->stream != nullptr) cudaStreamSynchronize(direction->stream);
+    if (direction->sum_stream != nullptr) {
+      cudaStreamSynchronize(direction->sum_stream);
+      cudaStreamDestroy(direction->sum_stream);
+    }
     if (direction->staging.device != nullptr) cudaFree(direction->staging.device);
     if (direction->pinned != nullptr) cudaFreeHost(direction->pinned);
     if (direction->sums != nullptr) cudaFreeHost(direction->sums);
@@ -179,8 +195,14 @@ absl::Status GpuBlockMover::Launch(Direction& direction, const Batch& batch,
   return e == cudaSuccess ? absl::OkStatus() : CudaError("copying blocks", e);
 }
 
-GpuBlockMover::Batch::Batch() { cudaEventCreateWithFlags(&done, cudaEventDisableTiming); }
-GpuBlockMover::Batch::~Batch() { cudaEventDestroy(done); }
+GpuBlockMover::Batch::Batch() {
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  cudaEventCreateWithFlags(&summed, cudaEventDisableTiming);
+}
+GpuBlockMover::Batch::~Batch() {
+  cudaEventDestroy(done);
+  cudaEventDestroy(summed);
+}
 
 MoverPhaseTimes GpuBlockMover::store_times() {
   absl::MutexLock lock(&store_.mu);
@@ -247,6 +269,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   // Waits for the batch's copy, then commits it with the checksums the GPU computed.
   auto commit = [this, &results](Batch& batch) {
     cudaError_t e = cudaEventSynchronize(batch.done);
+    if (e == cudaSuccess && batch.sums != nullptr) e = cudaEventSynchronize(batch.summed);
     if (e != cudaSuccess) {
       client_.BatchAbandonLocal(batch.reservations);
       for (size_t owner : batch.owners) results[owner] = CudaError("copying blocks", e);
@@ -291,8 +314,10 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     }
     // Step P2 for a GPU cache: the GPU hashes each block where it is and writes it straight
     // into its reserved space.
-    absl::Status launched = registered.ok() ? LaunchChecksums(store_, *batch) : registered;
-    if (launched.ok()) launched = Launch(store_, *batch, kernels::CopyDirection::kDeviceToHost);
+    absl::Status launched =
+        registered.ok() ? Launch(store_, *batch, kernels::CopyDirection::kDeviceToHost)
+                        : registered;
+    if (launched.ok()) launched = LaunchChecksums(store_, *batch, /*after_copy=*/false);
     if (!launched.ok()) {
       client_.BatchAbandonLocal(batch->reservations);
       for (size_t owner : batch->owners) results[owner] = launched;
@@ -403,7 +428,7 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
     absl::Status status = registered.ok()
                               ? Launch(load_, *batch, kernels::CopyDirection::kHostToDevice)
                               : registered;
-    if (status.ok()) status = LaunchChecksums(load_, *batch);
+    if (status.ok()) status = LaunchChecksums(load_, *batch, /*after_copy=*/true);
     if (!status.ok()) {
       for (size_t owner : batch->owners) results[owner] = status;
       continue;
@@ -412,6 +437,7 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
   }
   clock.Charge(times.launch);
   cudaError_t e = cudaStreamSynchronize(load_.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(load_.sum_stream);
   clock.Charge(times.wait);
   absl::Time finished = absl::Now();
   for (const std::unique_ptr<Batch>& batch : launched) {
@@ -583,67 +609,91 @@ std::unique_ptr<LayerwiseLoad> GpuBlockMover::StartLayerwiseLoad(
   std::vector<size_t> remote;
   std::vector<int32_t> ids;
   std::vector<uint8_t*> objects;
+  // Copies layer group `g` of blocks [from, to) (g < 0: every group at once).
+  auto copy_group = [&](int g, size_t from, size_t to) {
+    const auto [first, count] =
+        g < 0 ? std::pair<int, int>(0, static_cast<int>(segments_.size())) : layers_[g];
+    uint64_t span = 0;
+    for (int s = first; s < first + count; ++s) span += segments_[s].block_bytes;
+    return kernels::CopyBlocks(segments_.data() + first, count, ids.data() + from,
+                               objects.data() + from, static_cast<int>(to - from),
+                               kernels::CopyDirection::kHostToDevice,
+                               kernels::AutoCopyMethod(span, /*have_staging=*/true), load_.staging,
+                               load_.stream);
+  };
+  // The first keys are copied whole, batch by batch as the master locates them (the copy
+  // engines busy from the first answer on, as in LoadBlocks); the last layerwise_tail of them
+  // layer group by layer group once all are located, each group's event after its copy. The
+  // engine's layer g then runs while the tail's later groups still arrive.
+  const size_t tail_from =
+      keys.size() - std::min(keys.size(), static_cast<size_t>(std::ceil(
+                                              layerwise_tail_ * static_cast<double>(keys.size()))));
+  size_t tail_ids = 0;  // ids[tail_ids, ...) are the tail's (all of them with force_remote)
+  cudaError_t e = cudaSuccess;
   if (force_remote_) {
     for (size_t i = 0; i < keys.size(); ++i) remote.push_back(i);
   } else {
-    // Every batch located at once: the master answers them side by side.
+    // Every batch located at once (the master answers them side by side); a batch's head
+    // blocks are copied as soon as it is located, while later batches are still looked up.
     std::vector<Located> locating = LocateBatches(keys, Batches(keys.size()));
-    std::vector<absl::StatusOr<LocalValue>> located;
     for (Located& batch : locating) {
-      std::vector<absl::StatusOr<LocalValue>> values = batch.values.get();
+      std::vector<absl::StatusOr<LocalValue>> located = batch.values.get();
       load->lease_expiry = std::min(load->lease_expiry, batch.lease_expiry);
-      for (absl::StatusOr<LocalValue>& value : values) located.push_back(std::move(value));
-    }
-    absl::Status registered = RegisterNewPools();
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!located[i].ok()) {
-        if (absl::IsFailedPrecondition(located[i].status())) {
-          remote.push_back(i);
+      absl::Status registered = RegisterNewPools();
+      const size_t from = ids.size();
+      for (size_t j = 0; j < batch.n; ++j) {
+        const size_t i = batch.first + j;
+        if (!located[j].ok()) {
+          if (absl::IsFailedPrecondition(located[j].status())) {
+            remote.push_back(i);
+          } else {
+            load->results[i] = located[j].status();
+          }
+        } else if (!registered.ok()) {
+          load->results[i] = registered;
+        } else if (located[j]->size != bytes_per_block_) {
+          load->results[i] = absl::InvalidArgumentError(absl::StrCat(
+              "object has ", located[j]->size, " bytes, a block ", bytes_per_block_));
         } else {
-          load->results[i] = located[i].status();
+          ids.push_back(block_ids[i]);
+          objects.push_back(located[j]->data);
+          load->owners.push_back(i);
+          load->expected.push_back(located[j]->checksum);
         }
-      } else if (!registered.ok()) {
-        load->results[i] = registered;
-      } else if (located[i]->size != bytes_per_block_) {
-        load->results[i] = absl::InvalidArgumentError(
-            absl::StrCat("object has ", located[i]->size, " bytes, a block ", bytes_per_block_));
-      } else {
-        ids.push_back(block_ids[i]);
-        objects.push_back(located[i]->data);
-        load->owners.push_back(i);
-        load->expected.push_back(located[i]->checksum);
       }
+      // The head's blocks of this batch, whole.
+      size_t head_end = ids.size();
+      while (head_end > from && load->owners[head_end - 1] >= tail_from) --head_end;
+      if (e == cudaSuccess && head_end > from) e = copy_group(-1, from, head_end);
     }
+    tail_ids = static_cast<size_t>(
+        std::lower_bound(load->owners.begin(), load->owners.end(), tail_from) -
+        load->owners.begin());
   }
   if (!remote.empty()) LoadRemote(keys, block_ids, remote, load->results);
   if (ids.empty()) return load;
-  // Step G2, layer by layer: every block's layers of group g, then the event their layers'
-  // waits are on.
-  cudaError_t e = cudaSuccess;
-  for (size_t l = 0; l < layers_.size() && e == cudaSuccess; ++l) {
-    const auto [first, count] = layers_[l];
-    uint64_t span = 0;
-    for (int s = first; s < first + count; ++s) span += segments_[s].block_bytes;
-    e = kernels::CopyBlocks(segments_.data() + first, count, ids.data(), objects.data(),
-                            static_cast<int>(ids.size()), kernels::CopyDirection::kHostToDevice,
-                            kernels::AutoCopyMethod(span, /*have_staging=*/true), load_.staging,
-                            load_.stream);
-    if (e == cudaSuccess) e = cudaEventRecord(layer_events_[l], load_.stream);
+  // Step G2, layer by layer: every block's layers of group g, then the event their waits are
+  // on; the checksums once the last group landed, beside the engine's work.
+  for (size_t g = 0; g < layers_.size() && e == cudaSuccess; ++g) {
+    if (ids.size() > tail_ids) e = copy_group(static_cast<int>(g), tail_ids, ids.size());
+    if (e == cudaSuccess) e = cudaEventRecord(layer_events_[g], load_.stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(load_.sum_stream, layer_events_.back(), 0);
+  if (e == cudaSuccess && gpu_sums) {
+    e = kernels::ChecksumBlocks(segments_.data(), static_cast<int>(segments_.size()), ids.data(),
+                                static_cast<int>(ids.size()), layerwise_sums_, load_.sum_stream);
+    load->sums = e == cudaSuccess;
   }
   if (e == cudaSuccess) {
+    // When the copies (and checksums) were done, for the lease: the engine may finish later.
     e = cudaLaunchHostFunc(
-        load_.stream,
+        load_.sum_stream,
         [](void* landed) {
           static_cast<std::atomic<int64_t>*>(landed)->store(absl::ToUnixMicros(absl::Now()));
         },
         &load->landed_us);
   }
-  if (e == cudaSuccess && gpu_sums) {
-    e = kernels::ChecksumBlocks(segments_.data(), static_cast<int>(segments_.size()), ids.data(),
-                                static_cast<int>(ids.size()), layerwise_sums_, load_.stream);
-    load->sums = e == cudaSuccess;
-  }
-  if (e == cudaSuccess) e = cudaEventRecord(layerwise_done_, load_.stream);
+  if (e == cudaSuccess) e = cudaEventRecord(layerwise_done_, load_.sum_stream);
   load->queued_ = true;
   if (e != cudaSuccess) load->queue_status = CudaError("queuing a layer-wise load", e);
   return load;

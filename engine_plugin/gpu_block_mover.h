@@ -60,6 +60,12 @@ struct GpuBlockMoverOptions {
   // block (the copy engines reach full speed on pieces of 256 KiB and more; smaller pieces go
   // through the SMs, which the engine's layers need then). 0: every layer on its own.
   uint64_t layerwise_group_bytes = kernels::kAutoStagedMinObjectBytes;
+  // The share of a layer-wise load's blocks copied layer group by layer group (the last ones);
+  // the others are copied whole as soon as they are located, so the copies start at the
+  // master's first answer. The engine's first layer can run once the head and the tail's
+  // first group are in: with a step of C ms over a load of T ms, a tail of at least C / T
+  // hides the step behind the copies. 1: every block by groups.
+  double layerwise_tail = 0.5;
 };
 
 // Where a direction's calls spent their time so far (wall clock of the calling thread):
@@ -101,10 +107,11 @@ class GpuBlockMover : public BlockTransfer {
                                        absl::Span<const int32_t> block_ids)
       ABSL_LOCKS_EXCLUDED(load_.mu) override;
 
-  // A load queued layer by layer (block_transfer.h): one lookup for every key, then each
-  // layer's copy of every block on the load stream, each layer's end an event that
-  // WaitForLayer makes the engine's stream wait on; with gpu_checksums, the blocks are hashed
-  // on the GPU once all layers landed and checked at Finish. Keys whose pool is on another
+  // A load queued layer by layer (block_transfer.h): every batch located at once; the head
+  // of the blocks (all but the last layerwise_tail) copied whole as batches are located, then
+  // the tail group of layers by group of layers, each group's end an event that WaitForLayer
+  // makes the engine's stream wait on; with gpu_checksums, the blocks are hashed on the GPU
+  // (beside the engine's work) once all landed and checked at Finish. Keys whose pool is on another
   // machine are loaded (through staging) before this returns. One at a time per mover: while
   // one is unfinished, another fails every key with FailedPrecondition. Layers: the layout's
   // tensors (segment_tensors), so a cross-layer cache loads as one layer; they are copied in
@@ -136,7 +143,8 @@ class GpuBlockMover : public BlockTransfer {
     absl::Time lease_expiry;                     // loads
     std::vector<uint64_t> expected;              // loads: the writers' checksums (0: none)
     uint64_t* sums = nullptr;  // [ids.size()] the GPU's checksums (pinned), or null: none
-    cudaEvent_t done = nullptr;
+    cudaEvent_t done = nullptr;    // the copy
+    cudaEvent_t summed = nullptr;  // the checksums (when sums)
   };
   // One batch's lookup on its way (LocateBatches): keys [first, first + n).
   struct Located {
@@ -157,6 +165,8 @@ class GpuBlockMover : public BlockTransfer {
     absl::Mutex mu;
     cudaStream_t stream = nullptr;
     bool own_stream = false;
+    // Checksums run here, beside the copies (which never wait for them).
+    cudaStream_t sum_stream = nullptr;
     kernels::CopyStaging staging;
     uint8_t* pinned = nullptr;
     uint64_t pinned_bytes = 0;
@@ -172,8 +182,10 @@ class GpuBlockMover : public BlockTransfer {
   absl::Status RegisterNewPools() ABSL_LOCKS_EXCLUDED(pools_mu_);
   // Queues the batch's copy on the direction's stream and records its event.
   absl::Status Launch(Direction& direction, const Batch& batch, kernels::CopyDirection how);
-  // Queues the checksums of the batch's blocks (as they are in the cache) into batch.sums.
-  absl::Status LaunchChecksums(Direction& direction, const Batch& batch);
+  // Queues the checksums of the batch's blocks (as they are in the cache) into batch.sums on
+  // the direction's checksum stream, after the batch's copy if `after_copy`; records
+  // batch.summed.
+  absl::Status LaunchChecksums(Direction& direction, const Batch& batch, bool after_copy);
   // Room for n checksums in sums[capacity] (call with nothing in flight that writes them).
   static absl::Status ReserveSums(uint64_t*& sums, size_t& capacity, size_t n);
   // The network path for keys[owners[k]] / block_ids[owners[k]], through the pinned buffer.
@@ -195,6 +207,7 @@ class GpuBlockMover : public BlockTransfer {
   std::vector<int> group_of_layer_;
   std::vector<cudaEvent_t> layer_events_;
   cudaEvent_t layerwise_done_ = nullptr;
+  double layerwise_tail_ = 0.5;
   bool layerwise_busy_ ABSL_GUARDED_BY(load_.mu) = false;
   uint64_t* layerwise_sums_ ABSL_GUARDED_BY(load_.mu) = nullptr;
   size_t layerwise_sums_capacity_ ABSL_GUARDED_BY(load_.mu) = 0;
