@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<GpuBlockMover>> GpuBlockMover::Create(
   }
   for (size_t l = 0; l <= mover->layers_.size(); ++l) {
     cudaEvent_t event = nullptr;
-    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
+    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        e != cudaSuccess) {
       return CudaError("creating a layer's event", e);
     }
     if (l < mover->layers_.size()) {

@@ -95,16 +95,21 @@ __device__ __forceinline__ void ReduceGroup(uint64_t* sums) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) ChecksumKernel(const __grid_constant__ ChecksumParams p) {
+__global__ void __launch_bounds__(kThreads)
+    ChecksumKernel(const __grid_constant__ ChecksumParams p) {
   __shared__ SegmentParam seg[kMaxChecksumSegments];
   __shared__ uint8_t secret[x::kSecretBytes];
   __shared__ uint64_t words[x::kSecretWords];
   __shared__ uint64_t block_sums[kGroups][8];
   __shared__ uint64_t lanes[8];
   for (uint32_t s = threadIdx.x; s < p.num_segments; s += kThreads) seg[s] = p.seg[s];
-  for (int b = threadIdx.x; b < x::kSecretBytes; b += kThreads) secret[b] = kSecretOnDevice.bytes[b];
+  for (int b = threadIdx.x; b < x::kSecretBytes; b += kThreads) {
+    secret[b] = kSecretOnDevice.bytes[b];
+  }
   __syncthreads();
-  for (int w = threadIdx.x; w < x::kSecretWords; w += kThreads) words[w] = x::Read64(secret + 8 * w);
+  for (int w = threadIdx.x; w < x::kSecretWords; w += kThreads) {
+    words[w] = x::Read64(secret + 8 * w);
+  }
   __syncthreads();
 
   const Object object{seg, p.num_segments, p.block_ids[blockIdx.x]};
@@ -161,7 +166,9 @@ __global__ void __launch_bounds__(kThreads) ChecksumKernel(const __grid_constant
     for (int i = 0; i < 8; ++i) block_sums[group][i] = sums[i];
   }
   __syncthreads();
-  if (threadIdx.x < 8) lanes[threadIdx.x] = acc + block_sums[0][threadIdx.x] + block_sums[1][threadIdx.x];
+  if (threadIdx.x < 8) {
+    lanes[threadIdx.x] = acc + block_sums[0][threadIdx.x] + block_sums[1][threadIdx.x];
+  }
   __syncthreads();
   if (threadIdx.x == 0) p.out[blockIdx.x] = x::MergeLanes(lanes, len, secret);
 }

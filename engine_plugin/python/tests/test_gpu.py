@@ -234,7 +234,8 @@ def test_gpu_checksums_of_odd_block_sizes(pool, open_store, name):
     torch.cuda.synchronize()
     for c, o in zip(caches, originals):
         for i in ids:
-            block = (lambda t: t[:, i]) if c.shape[0] == 2 and name == "straddling" else (lambda t: t[i])
+            kv_first = c.shape[0] == 2 and name == "straddling"
+            block = (lambda t: t[:, i]) if kv_first else (lambda t: t[i])
             assert torch.equal(block(c), block(o)), (name, i)
     for key in keys:
         assert store.get(key) != b"", key  # the CPU's hash agreed with the GPU's

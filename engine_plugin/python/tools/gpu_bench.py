@@ -610,7 +610,8 @@ def bench_ttft(master, args):
             f"(lookup {phases['lookup_ms']:.1f}, load {phases['load_ms']:.1f}, first step "
             f"{phases['first_step_ms']:.1f}), teacher-forced argmax {same}/{len(tokens)} "
             f"(transformers' top-2 margins where not: {margins}), free-running tokens equal "
-            f"for {agree}/{len(tokens)}, max |dlogit| {max_diff:.3f} (logits up to {ref_scale:.2f}); "
+            f"for {agree}/{len(tokens)}, max |dlogit| {max_diff:.3f} "
+            f"(logits up to {ref_scale:.2f}); "
             f"layer-wise {t_layerwise * 1e3:.1f} ms ({t_recompute / t_layerwise:.1f}x; "
             + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in lw_phases.items())
             + f"), logits identical to the whole load's: {lw_same}")
