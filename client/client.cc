@@ -876,7 +876,7 @@ std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const s
       std::shared_ptr<const client::ShmTransport::Pool> pool =
           impl_->transport->LocalPool(replica.endpoint(), replica.incarnation());
       if (pool == nullptr || replica.offset() + replica.length() > pool->size) continue;
-      value = LocalValue{pool->base + replica.offset(), replica.length()};
+      value = LocalValue{pool->base + replica.offset(), replica.length(), result.checksum()};
       break;
     }
     results.push_back(std::move(value));
@@ -941,10 +941,18 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
 
 std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReservation> reservations) {
   std::vector<std::vector<iovec>> values;
-  for (const LocalReservation& reservation : reservations) {
-    values.push_back({iovec{reservation.data, reservation.size}});
+  std::vector<size_t> hashed;  // reservations whose checksum the writer did not give
+  for (size_t i = 0; i < reservations.size(); ++i) {
+    if (reservations[i].checksum.has_value()) continue;
+    hashed.push_back(i);
+    values.push_back({iovec{reservations[i].data, reservations[i].size}});
   }
-  std::vector<uint64_t> checksums = impl_->Checksums(values);
+  std::vector<uint64_t> sums = values.empty() ? std::vector<uint64_t>() : impl_->Checksums(values);
+  std::vector<uint64_t> checksums(reservations.size());
+  for (size_t i = 0; i < reservations.size(); ++i) {
+    if (reservations[i].checksum.has_value()) checksums[i] = *reservations[i].checksum;
+  }
+  for (size_t k = 0; k < hashed.size(); ++k) checksums[hashed[k]] = sums[k];
   v1::BatchPutEndRequest end;
   for (size_t i = 0; i < reservations.size(); ++i) {
     v1::PutEndItem* item = end.add_items();

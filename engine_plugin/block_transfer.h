@@ -24,6 +24,7 @@
 //                transfer failure. A block whose key failed holds unspecified bytes.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,26 @@
 #include "absl/types/span.h"
 
 namespace kvpool::engine {
+
+// A load queued layer by layer (layer 0 of every block, then layer 1, ...), so that an engine
+// computes layer i while later layers still arrive: vLLM's start_load_kv / wait_for_layer_load.
+// Layers are the registered tensors in order (one per layer); a cross-layer cache is one layer,
+// and waiting for a layer past the last waits for the last.
+// Not thread-safe: one engine thread starts, waits and finishes it.
+class LayerwiseLoad {
+ public:
+  virtual ~LayerwiseLoad() = default;
+  virtual int num_layers() const = 0;
+  // Makes `stream` (a cudaStream_t, as an integer; 0 for transfers without a GPU) wait until
+  // layer `layer` of every block has landed, without blocking this thread; also while `stream`
+  // is being captured into a CUDA graph (the graph then waits at each replay for the load
+  // started before it). InvalidArgument for a layer out of range.
+  virtual absl::Status WaitForLayer(int layer, uintptr_t stream) = 0;
+  // Waits for the whole load; per-key statuses as LoadBlocks'. A block's checksum is checked
+  // once all its layers landed: what an engine computed from a block that fails here must be
+  // thrown away (the block recomputed), as with any failed load. Call once.
+  virtual std::vector<absl::Status> Finish() = 0;
+};
 
 class BlockTransfer {
  public:
@@ -42,6 +63,38 @@ class BlockTransfer {
   // Loads keys[i] into block block_ids[i].
   virtual std::vector<absl::Status> LoadBlocks(absl::Span<const std::string> keys,
                                                absl::Span<const int32_t> block_ids) = 0;
+  // Starts loading keys[i] into block block_ids[i] layer by layer. The default loads all of it
+  // now (LoadBlocks) and returns a load whose layers have all landed.
+  virtual std::unique_ptr<LayerwiseLoad> StartLayerwiseLoad(absl::Span<const std::string> keys,
+                                                            absl::Span<const int32_t> block_ids);
+  // Makes `stream` wait until layer `layer` of the latest layer-wise load has landed (as
+  // LayerwiseLoad::WaitForLayer; nothing to wait for before the first). A layer past the
+  // transfer's last waits for its last (a cross-layer cache is one layer). The default (loads
+  // that complete when started) waits for nothing. InvalidArgument for a negative layer.
+  virtual absl::Status WaitForLayer(int layer, uintptr_t stream) {
+    return layer < 0 ? absl::InvalidArgumentError("negative layer") : absl::OkStatus();
+  }
 };
+
+// A load that is already complete (BlockTransfer's default StartLayerwiseLoad).
+class FinishedLoad : public LayerwiseLoad {
+ public:
+  explicit FinishedLoad(std::vector<absl::Status> results) : results_(std::move(results)) {}
+  int num_layers() const override { return 1; }
+  absl::Status WaitForLayer(int layer, uintptr_t stream) override;
+  std::vector<absl::Status> Finish() override { return std::move(results_); }
+
+ private:
+  std::vector<absl::Status> results_;
+};
+
+inline absl::Status FinishedLoad::WaitForLayer(int layer, uintptr_t) {
+  return layer < 0 ? absl::InvalidArgumentError("negative layer") : absl::OkStatus();
+}
+
+inline std::unique_ptr<LayerwiseLoad> BlockTransfer::StartLayerwiseLoad(
+    absl::Span<const std::string> keys, absl::Span<const int32_t> block_ids) {
+  return std::make_unique<FinishedLoad>(LoadBlocks(keys, block_ids));
+}
 
 }  // namespace kvpool::engine

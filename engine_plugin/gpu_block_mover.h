@@ -13,13 +13,19 @@
 // gives (TokenDatabase::KeyFor). Thread-safe: stores and loads have their own stream, staging
 // and lock, so one thread may store while another loads; calls of one direction take turns.
 //
-// Checksums: stores commit through Client::BatchCommitLocal, which computes the object's
-// XXH3-64 on the CPU over the pool memory the GPU just wrote; same-host loads are not checked
-// against it (the GPU reads the pool directly); network loads are (the client checks them).
+// Checksums (gpu_checksums, the default): a same-host store hashes each block object on the GPU
+// from the cache itself (kernels/checksum.cuh, the store's XXH3-64, bit-identical to the CPU's)
+// while the copy runs, and commits with that checksum (Client::BatchCommitLocal then hashes
+// nothing); a same-host load hashes each block on the GPU right after scattering it into the
+// cache and compares it with the checksum its writer recorded: a block that differs is DataLoss
+// (recompute it; its bytes in the cache are not to be used). Neither makes a pass of the CPU
+// over pool memory. Without gpu_checksums, BatchCommitLocal hashes the pool memory on the CPU
+// and same-host loads are not checked. The network path is checked by the client either way.
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +53,31 @@ struct GpuBlockMoverOptions {
   uint64_t pinned_staging_bytes = uint64_t{64} << 20;
   // Every key over the network, even where a same-host pool could take it (benchmarks, tests).
   bool force_remote = false;
+  // Same-host checksums on the GPU (see above); false: on the CPU at commit, loads unchecked.
+  // Layouts of more than kernels::kMaxChecksumSegments segments use the CPU either way.
+  bool gpu_checksums = true;
+  // A layer-wise load copies groups of consecutive layers, each at least this many bytes of a
+  // block (the copy engines reach full speed on pieces of 256 KiB and more; smaller pieces go
+  // through the SMs, which the engine's layers need then). 0: every layer on its own.
+  uint64_t layerwise_group_bytes = kernels::kAutoStagedMinObjectBytes;
+  // The share of a layer-wise load's blocks copied layer group by layer group (the last ones);
+  // the others are copied whole as soon as they are located, so the copies start at the
+  // master's first answer. The engine's first layer can run once the head and the tail's
+  // first group are in: with a step of C ms over a load of T ms, a tail of at least C / T
+  // hides the step behind the copies. 1: every block by groups.
+  double layerwise_tail = 0.5;
+};
+
+// Where a direction's calls spent their time so far (wall clock of the calling thread):
+// asking the master (reserve or locate), queuing the GPU's work, waiting for it, committing.
+struct MoverPhaseTimes {
+  absl::Duration master;
+  absl::Duration launch;
+  absl::Duration wait;
+  absl::Duration commit;  // stores
+  absl::Duration total;
+  uint64_t calls = 0;
+  uint64_t blocks = 0;
 };
 
 class GpuBlockMover : public BlockTransfer {
@@ -70,15 +101,37 @@ class GpuBlockMover : public BlockTransfer {
       ABSL_LOCKS_EXCLUDED(store_.mu) override;
 
   // Loads keys[i] into block block_ids[i]. Per key: OK, NotFound, Aborted (LEASE_EXPIRED: the
-  // copy outlasted the lease), InvalidArgument (not one block long), DataLoss (network path:
-  // checksum mismatch), or the client's error.
+  // copy outlasted the lease), InvalidArgument (not one block long), DataLoss (the bytes loaded
+  // do not match the writer's checksum: recompute the block), or the client's error.
   std::vector<absl::Status> LoadBlocks(absl::Span<const std::string> keys,
                                        absl::Span<const int32_t> block_ids)
       ABSL_LOCKS_EXCLUDED(load_.mu) override;
 
+  // A load queued layer by layer (block_transfer.h): every batch located at once; the head
+  // of the blocks (all but the last layerwise_tail) copied whole as batches are located, then
+  // the tail group of layers by group of layers, each group's end an event that WaitForLayer
+  // makes the engine's stream wait on; with gpu_checksums, the blocks are hashed on the GPU
+  // (beside the engine's work) once all landed and checked at Finish. Keys whose pool is on another
+  // machine are loaded (through staging) before this returns. One at a time per mover: while
+  // one is unfinished, another fails every key with FailedPrecondition. Layers: the layout's
+  // tensors (segment_tensors), so a cross-layer cache loads as one layer; they are copied in
+  // groups (layerwise_group_bytes), and a layer's wait is its group's.
+  std::unique_ptr<LayerwiseLoad> StartLayerwiseLoad(absl::Span<const std::string> keys,
+                                                    absl::Span<const int32_t> block_ids)
+      ABSL_LOCKS_EXCLUDED(load_.mu) override;
+  absl::Status WaitForLayer(int layer, uintptr_t stream) override;
+  int num_layers() const { return static_cast<int>(group_of_layer_.size()); }
+
   uint64_t bytes_per_block() const { return bytes_per_block_; }
+  MoverPhaseTimes store_times() ABSL_LOCKS_EXCLUDED(store_.mu);
+  MoverPhaseTimes load_times() ABSL_LOCKS_EXCLUDED(load_.mu);
 
  private:
+  class Layerwise;
+  friend class Layerwise;
+  // Finishes the layer-wise load in flight (Layerwise::Finish).
+  std::vector<absl::Status> FinishLayerwise(Layerwise& load) ABSL_LOCKS_EXCLUDED(load_.mu);
+
   // One batch of blocks on its way: what it moves, for whom, and when its copy is done.
   struct Batch {
     Batch();
@@ -88,24 +141,53 @@ class GpuBlockMover : public BlockTransfer {
     std::vector<size_t> owners;  // indices into the caller's keys
     std::vector<LocalReservation> reservations;  // stores
     absl::Time lease_expiry;                     // loads
-    cudaEvent_t done = nullptr;
+    std::vector<uint64_t> expected;              // loads: the writers' checksums (0: none)
+    uint64_t* sums = nullptr;  // [ids.size()] the GPU's checksums (pinned), or null: none
+    cudaEvent_t done = nullptr;    // the copy
+    cudaEvent_t summed = nullptr;  // the checksums (when sums)
   };
+  // One batch's lookup on its way (LocateBatches): keys [first, first + n).
+  struct Located {
+    size_t first = 0;
+    size_t n = 0;
+    absl::Time lease_expiry;
+    std::future<std::vector<absl::StatusOr<LocalValue>>> values;
+  };
+  // [first, count) of each batch of a call of `count` keys: a short first batch, then kBatch.
+  static std::vector<std::pair<size_t, size_t>> Batches(size_t count);
+  // Asks the master for every batch at once, each on a thread of its own. None with
+  // force_remote. The Located must not move until its values are taken.
+  std::vector<Located> LocateBatches(absl::Span<const std::string> keys,
+                                     const std::vector<std::pair<size_t, size_t>>& spans);
+
   // What one direction owns: its stream, its device staging, its pinned buffer.
   struct Direction {
     absl::Mutex mu;
     cudaStream_t stream = nullptr;
     bool own_stream = false;
+    // Checksums run here, beside the copies (which never wait for them).
+    cudaStream_t sum_stream = nullptr;
     kernels::CopyStaging staging;
     uint8_t* pinned = nullptr;
     uint64_t pinned_bytes = 0;
+    uint64_t* sums = nullptr;  // pinned, one checksum per key of a call
+    size_t sums_capacity = 0;
+    MoverPhaseTimes times;
   };
 
-  GpuBlockMover(Client& client, bool force_remote) : client_(client), force_remote_(force_remote) {}
+  GpuBlockMover(Client& client, bool force_remote, bool gpu_checksums)
+      : client_(client), force_remote_(force_remote), gpu_checksums_(gpu_checksums) {}
   absl::Status SetUp(Direction& direction, cudaStream_t stream, uint64_t pinned_bytes);
   // Registers pools mapped since the last call with the CUDA driver.
   absl::Status RegisterNewPools() ABSL_LOCKS_EXCLUDED(pools_mu_);
   // Queues the batch's copy on the direction's stream and records its event.
   absl::Status Launch(Direction& direction, const Batch& batch, kernels::CopyDirection how);
+  // Queues the checksums of the batch's blocks (as they are in the cache) into batch.sums on
+  // the direction's checksum stream, after the batch's copy if `after_copy`; records
+  // batch.summed.
+  absl::Status LaunchChecksums(Direction& direction, const Batch& batch, bool after_copy);
+  // Room for n checksums in sums[capacity] (call with nothing in flight that writes them).
+  static absl::Status ReserveSums(uint64_t*& sums, size_t& capacity, size_t n);
   // The network path for keys[owners[k]] / block_ids[owners[k]], through the pinned buffer.
   void StoreRemote(absl::Span<const std::string> keys, absl::Span<const int32_t> block_ids,
                    absl::Span<const size_t> owners, std::vector<absl::Status>& results)
@@ -116,8 +198,19 @@ class GpuBlockMover : public BlockTransfer {
 
   Client& client_;
   const bool force_remote_;
+  const bool gpu_checksums_;
   int device_ = 0;  // the device current at Create; made current on every calling thread
   std::vector<kernels::KvSegment> segments_;
+  // Groups of layers as runs of segments_: (first segment, count); each layer's group; and the
+  // event of each group's copy.
+  std::vector<std::pair<int, int>> layers_;
+  std::vector<int> group_of_layer_;
+  std::vector<cudaEvent_t> layer_events_;
+  cudaEvent_t layerwise_done_ = nullptr;
+  double layerwise_tail_ = 0.5;
+  bool layerwise_busy_ ABSL_GUARDED_BY(load_.mu) = false;
+  uint64_t* layerwise_sums_ ABSL_GUARDED_BY(load_.mu) = nullptr;
+  size_t layerwise_sums_capacity_ ABSL_GUARDED_BY(load_.mu) = 0;
   uint64_t bytes_per_block_ = 0;
   Direction store_;
   Direction load_;

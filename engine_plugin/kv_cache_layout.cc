@@ -146,6 +146,7 @@ absl::StatusOr<KvCacheLayout> KvCacheLayout::Detect(absl::Span<const TensorDesc>
         return s;
       }
       layout.segments_.push_back(segment);
+      layout.segment_tensors_.push_back(static_cast<int>(i));
     }
     auto [it, inserted] = region_bytes.try_emplace(t.storage_ptr, t.storage_bytes);
     if (inserted) {
@@ -175,6 +176,9 @@ absl::StatusOr<KvCacheLayout> KvCacheLayout::FromSegments(std::vector<KvSegment>
   layout.num_blocks_ = num_blocks;
   layout.block_size_tokens_ = block_size_tokens;
   layout.segments_ = std::move(segments);
+  for (size_t i = 0; i < layout.segments_.size(); ++i) {
+    layout.segment_tensors_.push_back(static_cast<int>(i));
+  }
   return layout;
 }
 

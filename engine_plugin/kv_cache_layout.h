@@ -73,6 +73,9 @@ class KvCacheLayout {
   uint32_t block_size_tokens() const { return block_size_tokens_; }
   // In tensor order; the segments of one tensor in the order of its outer dimension.
   const std::vector<KvSegment>& segments() const { return segments_; }
+  // For each segment, the index of the tensor it came from (one tensor per layer: its layer;
+  // a cross-layer tensor: 0 for all). FromSegments: each segment its own.
+  const std::vector<int>& segment_tensors() const { return segment_tensors_; }
   // Distinct storages, in the order first seen.
   const std::vector<MemoryRegion>& regions() const { return regions_; }
   // Bytes of one full block over every segment: the size of one chunk's value in the pool.
@@ -86,6 +89,7 @@ class KvCacheLayout {
   uint64_t num_blocks_ = 0;
   uint32_t block_size_tokens_ = 0;
   std::vector<KvSegment> segments_;
+  std::vector<int> segment_tensors_;
   std::vector<MemoryRegion> regions_;
 };
 

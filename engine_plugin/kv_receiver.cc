@@ -40,17 +40,15 @@ KvReceiverStats KvReceiver::stats() const {
   return stats_;
 }
 
-void KvReceiver::HandleRequest(const ReqMeta& request) {
+KvReceiver::PlannedLoad KvReceiver::Plan(const ReqMeta& request) const {
   LoadSpec spec = request.load_spec.value_or(LoadSpec{});
   const uint32_t block_size = token_database_.block_size();
   uint64_t mask = block_size == 0 ? 0 : spec.vllm_cached_tokens / block_size * block_size;
 
   // Step L1: the chunks to load and where their bytes go.
+  PlannedLoad plan;
   std::vector<TokenChunk> chunks =
       token_database_.ProcessTokens(spec.token_len, request.block_hashes, mask);
-  std::vector<GetItem> items;
-  std::vector<int64_t> item_blocks;
-  std::vector<int64_t> failed_blocks;
   for (const TokenChunk& chunk : chunks) {
     absl::StatusOr<ChunkBuffers> buffers =
         token_database_.PrepareValue(chunk.start, chunk.end, request.block_ids);
@@ -64,71 +62,141 @@ void KvReceiver::HandleRequest(const ReqMeta& request) {
       item.parts.push_back(MutableBuffer{reinterpret_cast<void*>(buffers->addrs[s]),
                                          static_cast<size_t>(buffers->sizes[s])});
     }
-    items.push_back(std::move(item));
-    item_blocks.push_back(buffers->block_id);
+    plan.items.push_back(std::move(item));
+    plan.blocks.push_back(buffers->block_id);
   }
 
   // Step L2: rotated by rank, so that ranks do not all start on the same segment.
-  if (!items.empty()) {
-    size_t shift = static_cast<size_t>(options_.tp_rank) % items.size();
-    std::rotate(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(shift), items.end());
-    std::rotate(item_blocks.begin(), item_blocks.begin() + static_cast<std::ptrdiff_t>(shift),
-                item_blocks.end());
+  if (!plan.items.empty()) {
+    size_t shift = static_cast<size_t>(options_.tp_rank) % plan.items.size();
+    std::rotate(plan.items.begin(), plan.items.begin() + static_cast<std::ptrdiff_t>(shift),
+                plan.items.end());
+    std::rotate(plan.blocks.begin(), plan.blocks.begin() + static_cast<std::ptrdiff_t>(shift),
+                plan.blocks.end());
   }
+  return plan;
+}
 
+void KvReceiver::TransferArgs(const PlannedLoad& plan, std::vector<std::string>& keys,
+                              std::vector<int32_t>& ids) {
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    keys.push_back(plan.items[i].key);
+    ids.push_back(static_cast<int32_t>(plan.blocks[i]));
+  }
+}
+
+std::vector<absl::StatusOr<uint64_t>> KvReceiver::ToResults(std::vector<absl::Status> statuses) {
+  uint64_t block_bytes = 0;
+  for (const KvSegment& segment : token_database_.segments()) block_bytes += segment.block_bytes;
+  std::vector<absl::StatusOr<uint64_t>> results;
+  for (absl::Status& status : statuses) {
+    if (status.ok()) {
+      results.push_back(block_bytes);
+    } else {
+      results.push_back(std::move(status));
+    }
+  }
+  return results;
+}
+
+void KvReceiver::HandleRequest(const ReqMeta& request) {
+  PlannedLoad plan = Plan(request);
   // Step L3: one batched multi-buffer get.
-  uint64_t loaded = 0;
-  uint64_t bytes = 0;
-  if (!items.empty()) {
-    std::vector<absl::StatusOr<uint64_t>> results;
+  std::vector<absl::StatusOr<uint64_t>> results;
+  if (!plan.items.empty()) {
     if (options_.transfer != nullptr) {
       std::vector<std::string> keys;
       std::vector<int32_t> ids;
-      uint64_t block_bytes = 0;
-      for (const KvSegment& segment : token_database_.segments()) block_bytes += segment.block_bytes;
-      for (size_t i = 0; i < items.size(); ++i) {
-        keys.push_back(items[i].key);
-        ids.push_back(static_cast<int32_t>(item_blocks[i]));
-      }
-      for (absl::Status& status : options_.transfer->LoadBlocks(keys, ids)) {
-        if (status.ok()) {
-          results.push_back(block_bytes);
-        } else {
-          results.push_back(std::move(status));
-        }
-      }
+      TransferArgs(plan, keys, ids);
+      results = ToResults(options_.transfer->LoadBlocks(keys, ids));
     } else {
-      results = store_.BatchGet(items);
+      results = store_.BatchGet(plan.items);
     }
-    std::vector<std::string> failures;
-    for (size_t i = 0; i < items.size(); ++i) {
-      absl::StatusOr<uint64_t> result =
-          i < results.size() ? results[i] : absl::InternalError("no result");
-      if (result.ok()) {
-        ++loaded;
-        bytes += *result;
-      } else {
-        failed_blocks.push_back(item_blocks[i]);
-        if (failures.size() < 3) {
-          failures.push_back(absl::StrCat(items[i].key, ": ", result.status().ToString()));
-        }
+  }
+  Record(request.req_id, plan, results);
+}
+
+void KvReceiver::Record(const std::string& req_id, const PlannedLoad& plan,
+                        const std::vector<absl::StatusOr<uint64_t>>& results) {
+  uint64_t loaded = 0;
+  uint64_t bytes = 0;
+  std::vector<int64_t> failed_blocks;
+  std::vector<std::string> failures;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    absl::StatusOr<uint64_t> result =
+        i < results.size() ? results[i] : absl::InternalError("no result");
+    if (result.ok()) {
+      ++loaded;
+      bytes += *result;
+    } else {
+      failed_blocks.push_back(plan.blocks[i]);
+      if (failures.size() < 3) {
+        failures.push_back(absl::StrCat(plan.items[i].key, ": ", result.status().ToString()));
       }
     }
-    if (!failed_blocks.empty()) {
-      KVPOOL_LOG(WARNING) << "request " << request.req_id << ": failed to get "
-                          << failed_blocks.size() << " of " << items.size()
-                          << " keys (first failures: " << absl::StrJoin(failures, "; ") << ")";
-    }
+  }
+  if (!failed_blocks.empty()) {
+    KVPOOL_LOG(WARNING) << "request " << req_id << ": failed to get " << failed_blocks.size()
+                        << " of " << plan.items.size()
+                        << " keys (first failures: " << absl::StrJoin(failures, "; ") << ")";
   }
 
   absl::MutexLock lock(&mu_);
   ++stats_.requests;
-  if (!items.empty()) ++stats_.batches;
+  if (!plan.items.empty()) ++stats_.batches;
   stats_.keys_loaded += loaded;
   stats_.bytes_loaded += bytes;
   stats_.keys_failed += failed_blocks.size();
   failed_block_ids_.insert(failed_blocks.begin(), failed_blocks.end());
-  finished_.insert(request.req_id);
+  finished_.insert(req_id);
+}
+
+void KvReceiver::StartLayerwise(absl::Span<const ReqMeta> requests) {
+  Layerwise started;
+  std::vector<std::string> keys;
+  std::vector<int32_t> ids;
+  for (const ReqMeta& request : requests) {
+    started.requests.emplace_back(request.req_id, Plan(request));
+    TransferArgs(started.requests.back().second, keys, ids);
+  }
+  // One load for every request of the step: its layers land together.
+  if (options_.transfer != nullptr) {
+    started.load = options_.transfer->StartLayerwiseLoad(keys, ids);
+  } else {
+    std::vector<GetItem> items;
+    for (const auto& [req_id, plan] : started.requests) {
+      items.insert(items.end(), plan.items.begin(), plan.items.end());
+    }
+    std::vector<absl::Status> statuses;
+    for (absl::StatusOr<uint64_t>& r : store_.BatchGet(items)) statuses.push_back(r.status());
+    started.load = std::make_unique<FinishedLoad>(std::move(statuses));
+  }
+  absl::MutexLock lock(&layerwise_mu_);
+  layerwise_.push_back(std::move(started));
+}
+
+absl::Status KvReceiver::WaitForLayer(int layer, uintptr_t stream) {
+  if (options_.transfer != nullptr) return options_.transfer->WaitForLayer(layer, stream);
+  return layer < 0 ? absl::InvalidArgumentError("negative layer") : absl::OkStatus();
+}
+
+void KvReceiver::FinishLayerwise() {
+  std::vector<Layerwise> started;
+  {
+    absl::MutexLock lock(&layerwise_mu_);
+    started = std::exchange(layerwise_, {});
+  }
+  for (Layerwise& load : started) {
+    std::vector<absl::StatusOr<uint64_t>> results = ToResults(load.load->Finish());
+    size_t next = 0;
+    for (const auto& [req_id, plan] : load.requests) {
+      std::vector<absl::StatusOr<uint64_t>> own;
+      for (size_t i = 0; i < plan.items.size(); ++i, ++next) {
+        own.push_back(next < results.size() ? results[next] : absl::InternalError("no result"));
+      }
+      Record(req_id, plan, own);
+    }
+  }
 }
 
 }  // namespace kvpool::engine

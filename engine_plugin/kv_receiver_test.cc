@@ -67,6 +67,29 @@ TEST_F(KvReceiverTest, LoadsChunksIntoTheirBlocksPastTheEngineCache) {
   EXPECT_TRUE(receiver.TakeFinished().empty());
 }
 
+// A host cache's layer-wise load is done at StartLayerwise (one get for every request of the
+// step); FinishLayerwise reports each request with its own failed blocks.
+TEST_F(KvReceiverTest, LayerwiseLoadsOfAHostCacheLoadAtStartAndReportAtFinish) {
+  KvReceiver receiver(store_, db_, {});
+  ReqMeta a = Load(32, 0, {3, 5}, {"h0", "h1"});
+  a.req_id = "a";
+  ReqMeta b = Load(32, 0, {6, 1}, {"missing", "h3"});
+  b.req_id = "b";
+  receiver.StartLayerwise({a, b});
+  EXPECT_EQ(store_.get_calls(), 1);
+  EXPECT_EQ(k_[3 * kKBytes], 'a');
+  EXPECT_EQ(v_[1 * kVBytes], 'd');
+  EXPECT_TRUE(receiver.WaitForLayer(7, 0).ok());
+  EXPECT_EQ(receiver.WaitForLayer(-1, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(receiver.TakeFinished().empty()) << "reported before FinishLayerwise";
+  receiver.FinishLayerwise();
+  EXPECT_THAT(receiver.TakeFinished(), UnorderedElementsAre("a", "b"));
+  EXPECT_THAT(receiver.TakeFailedBlockIds(), UnorderedElementsAre(6));
+  EXPECT_EQ(receiver.stats().keys_loaded, 3u);
+  receiver.FinishLayerwise();  // nothing left
+  EXPECT_TRUE(receiver.TakeFinished().empty());
+}
+
 TEST_F(KvReceiverTest, RotatesTheBatchByRank) {
   KvReceiver receiver(store_, db_, {.tp_rank = 4});
   receiver.HandleRequest(Load(48, 0, {0, 1, 2}, {"h0", "h1", "h2"}));

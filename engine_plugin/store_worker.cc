@@ -132,26 +132,54 @@ absl::Status StoreWorker::RegisterLayout(const KvCacheLayout& layout,
   return absl::OkStatus();
 }
 
+// Loads: up to the pool's hit, plus the last token when the hit stops one short of a partial
+// block (the engine recomputes at least one token itself).
+std::optional<ReqMeta> StoreWorker::LoadOf(const ReqMeta& request, uint64_t block_size) {
+  if (!request.load_spec.has_value() || !request.load_spec->can_load) return std::nullopt;
+  ReqMeta load = request;
+  LoadSpec& spec = *load.load_spec;
+  uint64_t token_len = request.token_len_chunk;
+  if (spec.kvpool_cached_tokens % block_size != 0 && spec.kvpool_cached_tokens + 1 == token_len) {
+    spec.token_len = spec.kvpool_cached_tokens + 1;
+  } else {
+    spec.token_len = spec.kvpool_cached_tokens;
+  }
+  return load;
+}
+
+absl::Status StoreWorker::StartLoadKv(const StepMetadata& meta) {
+  if (receiver_ == nullptr) return absl::FailedPreconditionError("no KV cache is registered");
+  std::vector<ReqMeta> loads;
+  for (const ReqMeta& request : meta.requests) {
+    if (layerwise_started_.contains(request.req_id)) continue;
+    if (std::optional<ReqMeta> load = LoadOf(request, token_database_.block_size())) {
+      layerwise_started_.insert(request.req_id);
+      loads.push_back(*std::move(load));
+    }
+  }
+  if (!loads.empty()) receiver_->StartLayerwise(loads);
+  return absl::OkStatus();
+}
+
+absl::Status StoreWorker::WaitForLayerLoad(int layer, uintptr_t stream) {
+  if (receiver_ == nullptr) return absl::FailedPreconditionError("no KV cache is registered");
+  return receiver_->WaitForLayer(layer, stream);
+}
+
 absl::StatusOr<StoreWorker::Finished> StoreWorker::GetFinished(
     const absl::flat_hash_set<std::string>& finished_req_ids, StepMetadata meta) {
   if (receiver_ == nullptr) return absl::FailedPreconditionError("no KV cache is registered");
   const uint64_t block_size = token_database_.block_size();
 
-  // Loads: up to the pool's hit, plus the last token when the hit stops one short of a
-  // partial block (the engine recomputes at least one token itself).
+  // Loads started layer by layer (StartLoadKv) are done by now (the step ran): reported here.
+  receiver_->FinishLayerwise();
   for (const ReqMeta& request : meta.requests) {
-    if (!request.load_spec.has_value() || !request.load_spec->can_load) continue;
-    ReqMeta load = request;
-    LoadSpec& spec = *load.load_spec;
-    uint64_t token_len = request.token_len_chunk;
-    if (spec.kvpool_cached_tokens % block_size != 0 &&
-        spec.kvpool_cached_tokens + 1 == token_len) {
-      spec.token_len = spec.kvpool_cached_tokens + 1;
-    } else {
-      spec.token_len = spec.kvpool_cached_tokens;
+    if (layerwise_started_.contains(request.req_id)) continue;
+    if (std::optional<ReqMeta> load = LoadOf(request, block_size)) {
+      receiver_->Enqueue(*std::move(load));
     }
-    receiver_->Enqueue(std::move(load));
   }
+  layerwise_started_.clear();
 
   // Stores: every saving request waits for the step's ready event unless it has its own.
   if (stores()) {

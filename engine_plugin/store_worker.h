@@ -106,6 +106,19 @@ class StoreWorker {
   absl::StatusOr<Finished> GetFinished(const absl::flat_hash_set<std::string>& finished_req_ids,
                                        StepMetadata meta);
 
+  // Layer-wise loading (vLLM's start_load_kv and wait_for_layer_load): starts the loads of
+  // `meta`'s requests now, on this thread, layer by layer (BlockTransfer::StartLayerwiseLoad),
+  // so that the step's forward pass computes layer i while later layers arrive. The next
+  // GetFinished does not load these requests again; it waits for them and reports them
+  // (finished, failed blocks) as it reports the receiving thread's loads. A request already
+  // started is skipped. FailedPrecondition before registration.
+  absl::Status StartLoadKv(const StepMetadata& meta);
+  // Makes `stream` (a cudaStream_t as an integer) wait until layer `layer` (the registered
+  // tensors' order) of the loads StartLoadKv started last has landed; the calling thread does
+  // not block, and a CUDA graph captured on `stream` (even before any load) waits so at every
+  // replay. A host cache's loads are complete when started (nothing to wait for).
+  absl::Status WaitForLayerLoad(int layer, uintptr_t stream);
+
   // How many leading tokens of a request (its first `token_len` tokens, named by
   // `block_hashes`) the pool holds for every TP rank (as many as hold distinct KV heads) and
   // every PP rank: the start of the first chunk missing for any rank, or the end of the last
@@ -135,6 +148,7 @@ class StoreWorker {
   StoreWorker(StoreBackend& store, StoreWorkerOptions options, int put_step, KeyMetadata metadata,
               uint32_t block_size);
   bool stores() const { return options_.kv_role != KvRole::kConsumer; }
+  static std::optional<ReqMeta> LoadOf(const ReqMeta& request, uint64_t block_size);
   absl::flat_hash_set<std::string> FinishedSending(
       const absl::flat_hash_set<std::string>& finished_req_ids, const StepMetadata& meta);
 
@@ -147,6 +161,8 @@ class StoreWorker {
   std::unique_ptr<BlockTransfer> transfer_;
   std::unique_ptr<KvSender> sender_;
   std::unique_ptr<KvReceiver> receiver_;
+  // Requests StartLoadKv started since the last GetFinished.
+  absl::flat_hash_set<std::string> layerwise_started_;
   // Finished requests whose stores were still pending when they finished.
   absl::flat_hash_set<std::string> finished_store_req_;
 };

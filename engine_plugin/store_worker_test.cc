@@ -409,6 +409,72 @@ TEST(StoreWorkerTest, DeviceCachesMoveWholeBlocksThroughTheTransfer) {
   EXPECT_TRUE(worker->sender()->store_pressure_active());
 }
 
+// start_load_kv / wait_for_layer_load: the loads of the step start at once, on the caller's
+// thread (a transfer without layers of its own loads everything then); the next GetFinished
+// reports them (finished, failed blocks) and does not load them a second time.
+TEST(StoreWorkerTest, LayerwiseLoadsStartNowAndAreReportedOnce) {
+  FakeStore store;
+  Layer l0, l1;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, Options());
+  HostBlockTransfer* transfer = nullptr;
+  ASSERT_TRUE(worker
+                  ->RegisterDeviceKvCaches(
+                      {l0.Desc(), l1.Desc()}, kBlocks,
+                      [&](const KvCacheLayout& layout)
+                          -> absl::StatusOr<std::unique_ptr<BlockTransfer>> {
+                        auto t = std::make_unique<HostBlockTransfer>(store, layout);
+                        transfer = t.get();
+                        return std::unique_ptr<BlockTransfer>(std::move(t));
+                      })
+                  .ok());
+  std::vector<float> original0 = l0.data;
+  StepMetadata save;
+  save.requests.push_back(SaveRequest("s", {"h0", "h1"}, {4, 1}));
+  save.store_ready = std::make_shared<NotifiedReadyEvent>(/*ready=*/true);
+  ASSERT_TRUE(worker->GetFinished({}, std::move(save)).ok());
+  worker->WaitIdle();
+  std::fill(l0.data.begin(), l0.data.end(), 0.0f);
+
+  auto load_request = [](const std::string& id, std::vector<std::string> hashes,
+                         std::vector<int64_t> ids) {
+    ReqMeta load;
+    load.req_id = id;
+    load.token_len_chunk = hashes.size() * kBlockSize;
+    load.block_hashes = std::move(hashes);
+    load.block_ids = std::move(ids);
+    load.load_spec = LoadSpec{.vllm_cached_tokens = 0,
+                              .kvpool_cached_tokens = load.token_len_chunk, .can_load = true};
+    return load;
+  };
+  StepMetadata step;
+  step.requests.push_back(load_request("a", {"h0"}, {0}));
+  step.requests.push_back(load_request("b", {"h1", "h9"}, {2, 3}));  // h9 was never stored
+  ASSERT_TRUE(worker->StartLoadKv(step).ok());
+  // Loaded before GetFinished, in one call for both requests.
+  EXPECT_THAT(transfer->loaded_ids, UnorderedElementsAre(0, 2, 3));
+  const size_t block = kBlockSize * kHeads * kHeadDim;
+  EXPECT_EQ(l0.data[0 * block], original0[4 * block]);
+  EXPECT_EQ(l0.data[2 * block + 7], original0[1 * block + 7]);
+  EXPECT_TRUE(worker->WaitForLayerLoad(1, 0).ok());
+  EXPECT_TRUE(worker->WaitForLayerLoad(40, 0).ok());  // past the last layer: the last
+  EXPECT_EQ(worker->WaitForLayerLoad(-1, 0).code(), absl::StatusCode::kInvalidArgument);
+
+  absl::StatusOr<StoreWorker::Finished> finished = worker->GetFinished({}, std::move(step));
+  ASSERT_TRUE(finished.ok());
+  worker->WaitIdle();
+  EXPECT_THAT(finished->recving, UnorderedElementsAre("a", "b"));
+  EXPECT_THAT(transfer->loaded_ids, UnorderedElementsAre(0, 2, 3)) << "loaded twice";
+  EXPECT_THAT(worker->TakeFailedLoadBlockIds(), UnorderedElementsAre(3));
+  EXPECT_EQ(worker->receiver()->stats().keys_loaded, 2u);
+
+  // The next step's GetFinished loads through the receiving thread again.
+  StepMetadata again;
+  again.requests.push_back(load_request("c", {"h0"}, {5}));
+  ASSERT_TRUE(worker->GetFinished({}, std::move(again)).ok());
+  worker->WaitIdle();
+  EXPECT_THAT(transfer->loaded_ids, UnorderedElementsAre(0, 2, 3, 5));
+}
+
 TEST(StoreWorkerTest, DeviceRegistrationReportsTheTransferFactorysError) {
   FakeStore store;
   Layer l0;

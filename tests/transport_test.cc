@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "kvpool/client.h"
+#include "proto/checksum.h"
 #include "proto/error_codes.h"
 #include "server/segment/memory_pool.h"
 #include "tests/harness/cluster.h"
@@ -167,6 +168,50 @@ TEST(SharedMemoryTest, ZeroCopyReserveCommitAndGetLocal) {
   client->BatchAbandonLocal({*dropped[0]});
   EXPECT_EQ(client->GetClusterStatus()->pending_objects, 0u);
   EXPECT_EQ(SegmentTcpRequests(*segment), 1);  // only the TCP client's read
+}
+
+// A writer that hashed the bytes where they came from (a GPU) gives the checksum with the
+// reservation: it is recorded as given, local readers see it, and a wrong one is never taken
+// for the truth (the commit is refused, or readers report the mismatch).
+TEST(SharedMemoryTest, ZeroCopyCommitTakesTheWritersChecksum) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "64MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
+  client->MapLocalPools();
+  const std::vector<std::string> keys = {"given-right", "given-wrong", "hashed-here"};
+  const std::vector<uint64_t> sizes = {1 << 20, 4096, 777};
+  std::vector<absl::StatusOr<LocalReservation>> reserved = client->BatchReserveLocal(keys, sizes);
+  std::vector<LocalReservation> filled;
+  std::vector<uint64_t> sums;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(reserved[i].ok()) << reserved[i].status();
+    std::string value = testing::RandomValue(sizes[i], 300 + i);
+    std::memcpy(reserved[i]->data, value.data(), value.size());
+    sums.push_back(wire::Checksum({iovec{value.data(), value.size()}}));
+    filled.push_back(*reserved[i]);
+  }
+  filled[0].checksum = sums[0];
+  filled[1].checksum = sums[1] ^ 1;
+  std::vector<absl::Status> committed = client->BatchCommitLocal(filled);
+  EXPECT_TRUE(committed[0].ok()) << committed[0];
+  EXPECT_TRUE(committed[2].ok()) << committed[2];
+  absl::Time lease;
+  std::vector<absl::StatusOr<LocalValue>> local = client->BatchGetLocal(keys, &lease);
+  ASSERT_TRUE(local[0].ok() && local[2].ok());
+  EXPECT_EQ(local[0]->checksum, sums[0]);
+  EXPECT_EQ(local[2]->checksum, sums[2]);
+  std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
+  EXPECT_TRUE(*tcp->Get("given-right", {.verify_checksum = true}) ==
+              testing::RandomValue(1 << 20, 300));
+  if (committed[1].ok()) {
+    EXPECT_EQ(tcp->Get("given-wrong", {.verify_checksum = true}).status().code(),
+              absl::StatusCode::kDataLoss);
+  } else {
+    EXPECT_EQ(ToErrorCode(committed[1]), v1::CHECKSUM_MISMATCH) << committed[1];
+    EXPECT_FALSE(*tcp->Exists("given-wrong"));
+  }
 }
 
 TEST(SharedMemoryTest, ZeroCopyNeedsASegmentOnThisMachineThatAdmitsUs) {

@@ -446,6 +446,30 @@ keys cover in the pool.
           "ready_event (e.g. a recorded torch.cuda.Event) is waited for before stored blocks "
           "are read.")
       .def(
+          "start_load_kv",
+          [](PyStoreWorker& self, std::vector<ReqMeta> requests) {
+            StepMetadata meta;
+            meta.requests = std::move(requests);
+            py::gil_scoped_release release;
+            ThrowIfError(self.Get().StartLoadKv(meta));
+          },
+          py::arg("requests"),
+          "vLLM's start_load_kv: starts the loads of these requests now, layer by layer (layer "
+          "0 of every block first), so the step computes layer i while later layers arrive. The "
+          "next get_finished does not load them again; it reports them (done_recving, and "
+          "take_failed_load_block_ids, checksums included): an engine must not keep what it "
+          "computed from a failed block.")
+      .def(
+          "wait_for_layer_load",
+          [](PyStoreWorker& self, int layer, uintptr_t stream) {
+            ThrowIfError(self.Get().WaitForLayerLoad(layer, stream));
+          },
+          py::arg("layer"), py::arg("stream"),
+          "vLLM's wait_for_layer_load: makes `stream` (torch.cuda.current_stream().cuda_stream) "
+          "wait on the GPU until layer `layer` (the registered tensors' order) of the loads "
+          "start_load_kv started has landed. Does not block; works inside a CUDA graph capture "
+          "(each replay then waits for the load started before it).")
+      .def(
           "lookup",
           [](PyStoreWorker& self, uint64_t token_len, py::handle hashes) {
             std::vector<std::string> texts = HashTexts(hashes);

@@ -2,7 +2,7 @@
 //
 //   kvpool.GpuBlockMover(store, [k_cache_0, v_cache_0, ...], num_blocks, block_size,
 //                        stream=torch.cuda.current_stream().cuda_stream, force_remote=False,
-//                        tcp=False)
+//                        tcp=False, gpu_checksums=True)
 //   mover.store_blocks(keys, block_ids)   # -> list of codes (0, -200, ...)
 //   mover.load_blocks(keys, block_ids)
 //
@@ -28,8 +28,10 @@
 #include "absl/strings/str_cat.h"
 #include "engine_plugin/gpu_block_mover.h"
 #include "kernels/block_copy.cuh"
+#include "kernels/checksum.cuh"
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
+#include "proto/checksum.h"
 #include "proto/error_codes.h"
 #endif
 
@@ -60,6 +62,13 @@ class OwningGpuTransfer : public BlockTransfer {
   std::vector<absl::Status> LoadBlocks(absl::Span<const std::string> keys,
                                        absl::Span<const int32_t> block_ids) override {
     return mover_->LoadBlocks(keys, block_ids);
+  }
+  std::unique_ptr<LayerwiseLoad> StartLayerwiseLoad(absl::Span<const std::string> keys,
+                                                    absl::Span<const int32_t> block_ids) override {
+    return mover_->StartLayerwiseLoad(keys, block_ids);
+  }
+  absl::Status WaitForLayer(int layer, uintptr_t stream) override {
+    return mover_->WaitForLayer(layer, stream);
   }
 
  private:
@@ -313,6 +322,69 @@ void BindKernels(py::module_& m) {
       py::arg("bases"), py::arg("block_bytes"), py::arg("block_ids"), py::arg("objects"),
       py::arg("object_stride"), py::arg("to_cache"), py::arg("stream"),
       "CopyBlocks (kKernel) between segments of a device cache and rows of `objects`.");
+
+  // --- checksums (the store's XXH3-64), for tests and benchmarks ---
+  m.def(
+      "_checksum_on_gpu",
+      [](uintptr_t data, uint64_t bytes, uintptr_t stream) {
+        uint64_t* sum = nullptr;
+        ThrowCuda(cudaHostAlloc(reinterpret_cast<void**>(&sum), sizeof(uint64_t),
+                                cudaHostAllocDefault),
+                  "allocating a checksum");
+        cudaError_t e = kernels::ChecksumBuffer(Ptr<const void>(data), bytes, sum, Stream(stream));
+        if (e == cudaSuccess) e = cudaStreamSynchronize(Stream(stream));
+        const uint64_t value = *sum;
+        cudaFreeHost(sum);
+        ThrowCuda(e, "checksumming on the GPU");
+        return value;
+      },
+      py::arg("data"), py::arg("bytes"), py::arg("stream"),
+      "XXH3-64 of `bytes` bytes of device memory, computed on the GPU (waits for it).");
+  m.def(
+      "_checksum_blocks_time",
+      [](const std::vector<uintptr_t>& bases, const std::vector<uint64_t>& block_bytes,
+         const std::vector<uint64_t>& block_strides, const std::vector<int32_t>& block_ids,
+         int iterations) {
+        if (bases.size() != block_bytes.size() || bases.size() != block_strides.size()) {
+          throw py::value_error("bases, block_bytes and block_strides differ in length");
+        }
+        std::vector<kernels::KvSegment> segments;
+        uint64_t offset = 0;
+        for (size_t i = 0; i < bases.size(); ++i) {
+          segments.push_back({bases[i], block_bytes[i], block_strides[i], offset});
+          offset += block_bytes[i];
+        }
+        uint64_t* sums = nullptr;
+        ThrowCuda(cudaMalloc(reinterpret_cast<void**>(&sums),
+                             std::max<size_t>(1, block_ids.size()) * sizeof(uint64_t)),
+                  "allocating checksums");
+        cudaStream_t stream = nullptr;
+        ThrowCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating a stream");
+        cudaEvent_t start, stop;
+        ThrowCuda(cudaEventCreate(&start), "creating an event");
+        ThrowCuda(cudaEventCreate(&stop), "creating an event");
+        auto launch = [&] {
+          ThrowCuda(kernels::ChecksumBlocks(segments.data(), static_cast<int>(segments.size()),
+                                            block_ids.data(), static_cast<int>(block_ids.size()),
+                                            sums, stream),
+                    "checksumming blocks");
+        };
+        launch();  // warm-up
+        ThrowCuda(cudaEventRecord(start, stream), "timing");
+        for (int i = 0; i < iterations; ++i) launch();
+        ThrowCuda(cudaEventRecord(stop, stream), "timing");
+        ThrowCuda(cudaEventSynchronize(stop), "timing");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, stop);
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+        cudaStreamDestroy(stream);
+        cudaFree(sums);
+        return ms * 1000.0 / std::max(1, iterations);
+      },
+      py::arg("bases"), py::arg("block_bytes"), py::arg("block_strides"), py::arg("block_ids"),
+      py::arg("iterations"),
+      "Microseconds per ChecksumBlocks call over these blocks (CUDA events, back to back).");
 }
 
 }  // namespace
@@ -341,12 +413,34 @@ void BindGpu(py::module_& m) {
 #ifdef KVPOOL_HAVE_CUDA
   m.attr("HAS_CUDA") = true;
   BindKernels(m);
+  m.def(
+      "_checksum",
+      [](const std::string& data) {
+        py::gil_scoped_release release;
+        return wire::Checksum({iovec{const_cast<char*>(data.data()), data.size()}});
+      },
+      py::arg("data"), "The store's checksum (XXH3-64, libxxhash on the CPU) of `data`.");
+  m.def(
+      "_corrupt_pooled_object",
+      [](PyStore& store, const std::string& key, uint64_t offset) {
+        std::shared_ptr<Client> client = store.store ? store.store->client() : nullptr;
+        if (client == nullptr) throw py::value_error("the store is closed");
+        absl::Time lease;
+        std::vector<absl::StatusOr<LocalValue>> located = client->BatchGetLocal({key}, &lease);
+        if (!located[0].ok()) throw std::runtime_error(located[0].status().ToString());
+        if (offset >= located[0]->size) throw py::value_error("offset past the object's end");
+        located[0]->data[offset] ^= 0xff;
+      },
+      py::arg("store"), py::arg("key"), py::arg("offset"),
+      "For tests: flips the bits of one byte of `key`'s replica in a pool of this machine (as a "
+      "faulty writer or memory would), after its commit.");
   py::class_<PyGpuBlockMover>(m, "GpuBlockMover",
                               "Moves blocks of a GPU KV cache to and from the pool: pools on this "
                               "machine (shared memory) in one copy each way, others through "
                               "pinned staging.")
       .def(py::init([](PyStore& store, py::handle tensors, uint64_t num_blocks,
-                       uint32_t block_size, uintptr_t stream, bool force_remote, bool tcp) {
+                       uint32_t block_size, uintptr_t stream, bool force_remote, bool tcp,
+                       bool gpu_checksums) {
              auto self = std::make_unique<PyGpuBlockMover>();
              self->store = store.store;
              if (self->store == nullptr) throw py::value_error("the store is not set up");
@@ -371,15 +465,18 @@ void BindGpu(py::module_& m) {
                  *self->client, *layout,
                  GpuBlockMoverOptions{.store_stream = cuda_stream,
                                       .load_stream = cuda_stream,
-                                      .force_remote = force_remote});
+                                      .force_remote = force_remote,
+                                      .gpu_checksums = gpu_checksums});
              if (!mover.ok()) throw std::runtime_error(std::string(mover.status().message()));
              self->mover = std::move(*mover);
              return self;
            }),
            py::arg("store"), py::arg("tensors"), py::arg("num_blocks"), py::arg("block_size"),
            py::arg("stream") = 0, py::arg("force_remote") = false, py::arg("tcp") = false,
+           py::arg("gpu_checksums") = true,
            "force_remote: every block through pinned staging and the client (as for another "
-           "machine's pool); tcp: that, with a client of the mover's own that uses TCP only.")
+           "machine's pool); tcp: that, with a client of the mover's own that uses TCP only; "
+           "gpu_checksums=False: same-host stores hashed by the CPU at commit, loads unchecked.")
       .def("store_blocks",
            [](PyGpuBlockMover& self, const std::vector<std::string>& keys,
               const std::vector<int32_t>& block_ids) {
@@ -398,6 +495,26 @@ void BindGpu(py::module_& m) {
              py::gil_scoped_release release;
              return Codes(self.mover->LoadBlocks(keys, block_ids));
            })
+      .def("phase_times",
+           [](PyGpuBlockMover& self) {
+             auto as_dict = [](const MoverPhaseTimes& t) {
+               py::dict d;
+               d["master_ms"] = absl::ToDoubleMilliseconds(t.master);
+               d["launch_ms"] = absl::ToDoubleMilliseconds(t.launch);
+               d["wait_ms"] = absl::ToDoubleMilliseconds(t.wait);
+               d["commit_ms"] = absl::ToDoubleMilliseconds(t.commit);
+               d["total_ms"] = absl::ToDoubleMilliseconds(t.total);
+               d["calls"] = t.calls;
+               d["blocks"] = t.blocks;
+               return d;
+             };
+             py::dict d;
+             d["store"] = as_dict(self.mover->store_times());
+             d["load"] = as_dict(self.mover->load_times());
+             return d;
+           },
+           "Where the calls spent their time so far, per direction (wall clock, ms): master "
+           "(reserve or locate), launch (queuing GPU work), wait (for the GPU), commit (stores).")
       .def_property_readonly("bytes_per_block",
                              [](const PyGpuBlockMover& self) { return self.mover->bytes_per_block(); });
 #else

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -144,6 +145,8 @@ struct GetItem {
 struct LocalValue {
   uint8_t* data = nullptr;
   uint64_t size = 0;
+  // The XXH3-64 its writer recorded (0: none), for a reader that checks the bytes itself.
+  uint64_t checksum = 0;
 };
 
 // Space reserved in a pool this process has mapped: fill data[0, size), then commit.
@@ -154,6 +157,10 @@ struct LocalReservation {
   uint64_t put_id = 0;
   // Commit before this, or the reservation is reclaimed.
   absl::Time deadline;
+  // The XXH3-64 of the bytes written, if the writer computed it where they came from (a GPU
+  // hashing the blocks it gathers): BatchCommitLocal records it as given and does not hash the
+  // pool memory. Nullopt: BatchCommitLocal hashes data[0, size) itself.
+  std::optional<uint64_t> checksum;
 };
 
 // A pool this process has mapped, e.g. to register with a GPU driver (cudaHostRegister) so
@@ -299,7 +306,8 @@ class Client {
   std::vector<absl::StatusOr<LocalReservation>> BatchReserveLocal(
       absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
       const PutOptions& options = {});
-  // Commits filled reservations: computes their checksums and makes them visible. NotFound if
+  // Commits filled reservations: computes their checksums (those not given with the
+  // reservation) and makes them visible. NotFound if
   // a reservation was reclaimed (its deadline passed).
   std::vector<absl::Status> BatchCommitLocal(absl::Span<const LocalReservation> reservations);
   // Gives unfilled reservations back.

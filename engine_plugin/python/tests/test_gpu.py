@@ -180,6 +180,182 @@ def test_gpu_cache_round_trips_over_the_network(pool, open_store, path):
     assert mover.load_blocks(["tcp/none"], [0]) == [kvpool.OBJECT_NOT_FOUND]
 
 
+# --- checksums on the GPU -------------------------------------------------------------------
+
+def test_gpu_checksum_equals_libxxhash():
+    # The GPU's XXH3-64 against libxxhash's on the CPU: every short length (< 240 bytes, all
+    # of XXH3's short paths), around the 1 KiB block and 16 KiB step, MiBs, unaligned starts
+    # and tails.
+    import random
+    g = torch.Generator(device="cuda").manual_seed(5)
+    total = 5 << 20
+    data = torch.randint(0, 256, (total,), dtype=torch.uint8, device="cuda", generator=g)
+    host = data.cpu().numpy().tobytes()
+    rng = random.Random(1)
+    sizes = list(range(0, 260)) + [1023, 1024, 1025, 2047, 2048, 4096, 16383, 16384, 16385,
+                                   65536 + 7, 1 << 20, (2 << 20) + 13, total - 8]
+    sizes += [rng.randrange(1, 16 << 10) for _ in range(40)]
+    sizes += [rng.randrange(1, total - 8) for _ in range(20)]
+    stream = torch.cuda.current_stream().cuda_stream
+    for size in sizes:
+        off = rng.randrange(0, 8)
+        got = kvpool._kvpool._checksum_on_gpu(data.data_ptr() + off, size, stream)
+        assert got == kvpool._kvpool._checksum(host[off:off + size]), (size, off)
+
+
+# name -> tensors of one layer list whose blocks are odd sizes: short objects (84 bytes), long
+# ones with unaligned blocks (540 bytes, 4-byte aligned), and several segments whose boundaries
+# cut XXH3's 64-byte stripes (4 x 270 bytes).
+ODD_CACHES = {
+    "short": lambda: [rand(16, 2, 3, 1, 7, seed=1)],
+    "unaligned": lambda: [rand(16, 2, 5, 3, 9, seed=2)],
+    "straddling": lambda: [rand(2, 64, 5, 3, 9, seed=3 + l) for l in range(2)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_CACHES))
+def test_gpu_checksums_of_odd_block_sizes(pool, open_store, name):
+    # Stores commit with the GPU's checksums; the segment's commit check (on by default) and a
+    # plain get (checksums verified by default) both hash on the CPU, so a checksum other than
+    # libxxhash's would fail the store or the get; the load checks the GPU's hash of what
+    # landed.
+    store = open_store(pool.master())
+    caches = ODD_CACHES[name]()
+    blocks = caches[0].shape[1] if caches[0].shape[0] == 2 else caches[0].shape[0]
+    block_size = caches[0].shape[2]
+    originals = [c.clone() for c in caches]
+    mover = kvpool.GpuBlockMover(store, caches, blocks, block_size)
+    keys = [f"odd/{name}/{i}" for i in range(8)]
+    ids = [0, 3, 5, 6, 9, 10, 14, 15]
+    assert mover.store_blocks(keys, ids) == [0] * len(keys)
+    for c in caches:
+        c.zero_()
+    assert mover.load_blocks(keys, ids) == [0] * len(keys)
+    torch.cuda.synchronize()
+    for c, o in zip(caches, originals):
+        for i in ids:
+            kv_first = c.shape[0] == 2 and name == "straddling"
+            block = (lambda t: t[:, i]) if kv_first else (lambda t: t[i])
+            assert torch.equal(block(c), block(o)), (name, i)
+    for key in keys:
+        assert store.get(key) != b"", key  # the CPU's hash agreed with the GPU's
+
+
+def test_corrupt_pooled_block_is_reported_never_used(pool, open_store):
+    store = open_store(pool.master())
+    blocks, block_size = 8, 16
+    cache = rand(2, blocks, block_size, 8, 128, seed=11)
+    original = cache.clone()
+    mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size)
+    keys = [f"corrupt/{i}" for i in range(blocks)]
+    assert mover.store_blocks(keys, list(range(blocks))) == [0] * blocks
+    # One byte of block 3's object (in its V part), after the commit.
+    kvpool._kvpool._corrupt_pooled_object(store, keys[3], mover.bytes_per_block - 100)
+    cache.zero_()
+    codes = mover.load_blocks(keys, list(range(blocks)))
+    torch.cuda.synchronize()
+    assert codes == [0, 0, 0, -801, 0, 0, 0, 0]  # -801: CHECKSUM_MISMATCH
+    for b in range(blocks):
+        if b != 3:
+            assert torch.equal(cache[:, b], original[:, b]), b
+
+
+def test_worker_reports_a_corrupt_block_for_recompute(pool, open_store):
+    master = pool.master(embedded_segment_size="0")
+    pool.segment(master, size="256MiB")
+    src, _ = flash_attention(seed=21)
+    producer = kvpool.StoreWorker(open_store(master), "org/gpu-model", num_kv_heads=HEADS,
+                                  block_size=BLOCK_SIZE, kv_role="kv_producer")
+    register(producer, src)
+    hashes = [f"corrupt-worker/{i}".encode() for i in range(4)]
+    tokens = 4 * BLOCK_SIZE
+    step(producer, [kvpool.ReqMeta("a", token_len_chunk=tokens, block_ids=[1, 2, 3, 4],
+                                   block_hashes=hashes, can_save=True)], finished={"a"})
+    assert producer.sender_stats()["keys_stored"] == 4
+    reader = open_store(master)
+    kvpool._kvpool._corrupt_pooled_object(reader, producer.token_database.key(hashes[2]), 7)
+    dst, _ = flash_attention(seed=22)
+    for t in dst:
+        t.zero_()
+    consumer = kvpool.StoreWorker(reader, "org/gpu-model", num_kv_heads=HEADS,
+                                  block_size=BLOCK_SIZE, kv_role="kv_consumer")
+    register(consumer, dst)
+    step(consumer, [kvpool.ReqMeta("b", token_len_chunk=tokens, block_ids=[10, 11, 12, 13],
+                                   block_hashes=hashes,
+                                   load_spec=kvpool.LoadSpec(0, tokens, can_load=True))])
+    torch.cuda.synchronize()
+    assert consumer.take_failed_load_block_ids() == {12}
+    for l in range(LAYERS):
+        for s, d in ((1, 10), (2, 11), (4, 13)):
+            assert torch.equal(dst[l][:, d], src[l][:, s]), (l, s, d)
+    producer.close()
+    consumer.close()
+
+
+def test_layerwise_load_with_waits_in_a_cuda_graph(pool, open_store):
+    # start_load_kv queues the copies layer by layer; a CUDA graph captured with
+    # wait_for_layer_load (before any load) reads each layer only once it landed, at every
+    # replay; get_finished reports the load, a corrupt block among the failed ones.
+    master = pool.master(embedded_segment_size="0")
+    pool.segment(master, size="256MiB")
+    src, _ = flash_attention(seed=31)
+    producer = kvpool.StoreWorker(open_store(master), "org/gpu-model", num_kv_heads=HEADS,
+                                  block_size=BLOCK_SIZE, kv_role="kv_producer")
+    register(producer, src)
+    hashes = [f"layerwise/{i}".encode() for i in range(6)]
+    tokens = 6 * BLOCK_SIZE
+    src_ids = [0, 1, 2, 3, 4, 5]
+    step(producer, [kvpool.ReqMeta("a", token_len_chunk=tokens, block_ids=src_ids,
+                                   block_hashes=hashes, can_save=True)], finished={"a"})
+    assert producer.sender_stats()["keys_stored"] == 6
+    reader = open_store(master)
+    dst, _ = flash_attention(seed=32)
+    consumer = kvpool.StoreWorker(reader, "org/gpu-model", num_kv_heads=HEADS,
+                                  block_size=BLOCK_SIZE, kv_role="kv_consumer")
+    register(consumer, dst)
+    dst_ids = [20, 21, 22, 23, 24, 25]
+    ids = torch.tensor(dst_ids, device="cuda")
+    out = torch.zeros(LAYERS, 2, len(dst_ids), BLOCK_SIZE, HEADS, HEAD_DIM, device="cuda",
+                      dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for l in range(LAYERS):  # warm-up outside the capture
+            consumer.wait_for_layer_load(l, stream.cuda_stream)
+            out[l].copy_(dst[l].index_select(1, ids))
+        with torch.cuda.graph(graph, stream=stream):
+            for l in range(LAYERS):
+                consumer.wait_for_layer_load(l, torch.cuda.current_stream().cuda_stream)
+                out[l].copy_(dst[l].index_select(1, ids))
+    with pytest.raises(Exception, match="negative"):
+        consumer.wait_for_layer_load(-1, stream.cuda_stream)
+    for round in range(2):
+        for t in dst:
+            t.zero_()
+        torch.cuda.synchronize()
+        if round == 1:  # one byte of block 3's object changed after its commit
+            kvpool._kvpool._corrupt_pooled_object(reader, producer.token_database.key(hashes[3]),
+                                                  1000)
+        req = kvpool.ReqMeta(f"b{round}", token_len_chunk=tokens, block_ids=dst_ids,
+                             block_hashes=hashes, load_spec=kvpool.LoadSpec(0, tokens, True))
+        consumer.start_load_kv([req])
+        with torch.cuda.stream(stream):
+            graph.replay()
+        stream.synchronize()
+        _, recving = consumer.get_finished(set(), [])
+        assert recving == {f"b{round}"}
+        failed = consumer.take_failed_load_block_ids()
+        assert failed == (set() if round == 0 else {23})
+        for l in range(LAYERS):
+            for k, (s_id, d_id) in enumerate(zip(src_ids, dst_ids)):
+                if d_id in failed:
+                    continue
+                assert torch.equal(out[l][:, k], src[l][:, s_id]), (round, l, s_id)
+        assert consumer.receiver_stats()["keys_loaded"] == (6 if round == 0 else 11)
+    producer.close()
+    consumer.close()
+
+
 # --- kvpool.ops against torch reference math ---------------------------------------------
 
 def paged_reference(q, k_rows, v_rows, seq_lens, sm_scale):

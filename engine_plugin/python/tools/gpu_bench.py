@@ -118,8 +118,27 @@ def bench_bandwidth(master, args):
         codes = mover.store_blocks(keys("s"), ids_a)
         assert codes == [0] * n, set(codes)
 
+    mover.phase_times()  # (cumulative; differences below)
+    before = mover.phase_times()["store"]
     t_store = timed(do_store, reps=args.reps)
+    after = mover.phase_times()["store"]
+    store_phases = {k: (after[k] - before[k]) / max(1, after["calls"] - before["calls"])
+                    for k in ("master_ms", "launch_ms", "wait_ms", "commit_ms", "total_ms")}
     store.remove_all(True)
+    # The same store with the checksums computed by the CPU at commit (the old path).
+    cpu_mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs, gpu_checksums=False)
+
+    def do_store_cpu_sums():
+        rep[0] += 1
+        codes = cpu_mover.store_blocks(keys("c"), ids_a)
+        assert codes == [0] * n, set(codes)
+
+    t_store_cpu = timed(do_store_cpu_sums, reps=max(2, args.reps // 2))
+    del cpu_mover
+    store.remove_all(True)
+    # The checksum kernel alone over the same blocks (reads the GPU cache).
+    seg = cache[0].numel() * cache.element_size()
+    t_sum_us = kvpool._kvpool._checksum_blocks_time([cache.data_ptr()], [seg], [seg], ids_a, 20)
     load_keys = [f"bw/l/{i}" for i in range(n)]
     assert mover.store_blocks(load_keys, ids_a) == [0] * n
 
@@ -127,7 +146,11 @@ def bench_bandwidth(master, args):
         codes = mover.load_blocks(load_keys, ids_b)
         assert codes == [0] * n, set(codes)
 
+    before = mover.phase_times()["load"]
     t_load = timed(do_load, reps=args.reps)
+    after = mover.phase_times()["load"]
+    load_phases = {k: (after[k] - before[k]) / max(1, after["calls"] - before["calls"])
+                   for k in ("master_ms", "launch_ms", "wait_ms", "total_ms")}
     assert torch.equal(cache[:n], cache[n:])
 
     # Both at once: load set A into B's blocks while storing blocks A under new keys.
@@ -147,7 +170,10 @@ def bench_bandwidth(master, args):
     store.remove_all(True)
     r = {"bytes": nbytes, "pinned_h2d_GBps": pin["h2d"], "pinned_d2h_GBps": pin["d2h"],
          "pinned_both_GBps": pin["both"], "load_GBps": nbytes / t_load / 1e9,
-         "store_GBps": nbytes / t_store / 1e9, "both_GBps": 2 * nbytes / t_both / 1e9}
+         "store_GBps": nbytes / t_store / 1e9, "both_GBps": 2 * nbytes / t_both / 1e9,
+         "store_cpu_checksums_GBps": nbytes / t_store_cpu / 1e9,
+         "checksum_kernel_GBps": nbytes / (t_sum_us * 1e-6) / 1e9,
+         "store_phases_ms": store_phases, "load_phases_ms": load_phases}
     r["load_vs_pinned"] = r["load_GBps"] / pin["h2d"]
     r["store_vs_pinned"] = r["store_GBps"] / pin["d2h"]
     r["both_vs_one_direction"] = r["both_GBps"] / max(r["load_GBps"], r["store_GBps"])
@@ -159,10 +185,17 @@ def bench_bandwidth(master, args):
     say(f"| pinned copy GPU->host | {pin['d2h']:.1f} | 1.00 |")
     say(f"| pinned copy both ways at once | {pin['both']:.1f} | |")
     say(f"| load (pool -> GPU cache) | {r['load_GBps']:.1f} | {r['load_vs_pinned']:.2f} |")
-    say(f"| store (GPU cache -> pool, with commit + checksum) | {r['store_GBps']:.1f} | "
+    say(f"| store (GPU cache -> pool, with commit; checksums on the GPU) | {r['store_GBps']:.1f} | "
         f"{r['store_vs_pinned']:.2f} |")
+    say(f"| store, checksums by the CPU at commit (gpu_checksums=False) | "
+        f"{r['store_cpu_checksums_GBps']:.1f} | {r['store_cpu_checksums_GBps'] / pin['d2h']:.2f} |")
+    say(f"| checksum kernel alone ({n} blocks of 2 MiB, from the GPU cache) | "
+        f"{r['checksum_kernel_GBps']:.1f} | |")
     say(f"| load + store at once | {r['both_GBps']:.1f} | {r['both_vs_one_direction']:.2f}x one "
         "direction |")
+    say()
+    fmt = lambda d: ", ".join(f"{k[:-3]} {v:.2f}" for k, v in d.items())
+    say(f"Per call of {n} blocks, ms: store: {fmt(store_phases)}; load: {fmt(load_phases)}")
     say()
     del mover, cache, caches
     store.close()
@@ -297,9 +330,12 @@ class PagedDecoder:
     be captured once as a CUDA graph and replayed for any position (capture(); step() then
     replays)."""
 
-    def __init__(self, model, caches, block_table, block_size):
+    def __init__(self, model, caches, block_table, block_size, wait_for_layer=None):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+        # wait_for_layer(i): called before layer i's attention reads the cache (an engine's
+        # wait_for_layer_load), also while the step is captured.
+        self.wait_for_layer = wait_for_layer
         self.m, self.caches, self.bs = model, caches, block_size
         self.rope = apply_rotary_pos_emb
         self.bt = block_table  # [1, max_blocks] int32 cuda
@@ -318,7 +354,7 @@ class PagedDecoder:
         h = m.embed_tokens(self.token)
         cos, sin = m.rotary_emb(h, self.pos)
         nh, kvh, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        for layer, cache in zip(m.layers, self.caches):
+        for i, (layer, cache) in enumerate(zip(m.layers, self.caches)):
             x = layer.input_layernorm(h)
             a = layer.self_attn
             q = a.q_proj(x).view(1, 1, nh, d).transpose(1, 2)
@@ -327,6 +363,8 @@ class PagedDecoder:
             q, k = self.rope(q, k, cos, sin)
             cache[0].index_put_((self.block, self.slot), k[0, :, 0].unsqueeze(0))
             cache[1].index_put_((self.block, self.slot), v[0, 0].unsqueeze(0))
+            if self.wait_for_layer is not None:
+                self.wait_for_layer(i)
             o = ops.gqa_decode(q[:, :, 0].contiguous(), cache, self.bt, self.seq_lens,
                                max_seq_len=self.bt.shape[1] * self.bs)
             h = h + a.o_proj(o.view(1, 1, nh * d))
@@ -433,7 +471,10 @@ def bench_ttft(master, args):
         worker_b = kvpool.StoreWorker(store_b, "bench/llama-3.1-8b-random", num_kv_heads=kvh,
                                       block_size=bs, kv_role="kv_consumer")
         worker_b.register_kv_caches({f"l{i}": c for i, c in enumerate(b_caches)}, total_blocks)
-        decoder = PagedDecoder(model, b_caches, bt, bs)
+        decoder = PagedDecoder(
+            model, b_caches, bt, bs,
+            wait_for_layer=lambda i: worker_b.wait_for_layer_load(
+                i, torch.cuda.current_stream().cuda_stream))
         last = prompt[0, -1]
         decoder.step(last, prefix)  # warm-up (plans, kernels); overwritten below
         graphs = True
@@ -462,6 +503,30 @@ def bench_ttft(master, args):
                               first_step_ms=(time.perf_counter() - t_load) * 1e3)
             return logits, tok
 
+        def layerwise_first_token(phases=None):
+            # What an engine does with start_load_kv / wait_for_layer_load: the step starts as
+            # soon as the loads are queued, and layer i's attention waits for layer i's KV. The
+            # token counts only once the load is reported complete (checksums checked).
+            t = time.perf_counter()
+            hit = worker_b.lookup(plen, hashes)
+            assert hit == prefix, (hit, prefix)
+            t_lookup = time.perf_counter()
+            req = kvpool.ReqMeta("b", token_len_chunk=plen, block_ids=b_ids, block_hashes=hashes,
+                                 load_spec=kvpool.LoadSpec(0, hit, can_load=True))
+            worker_b.start_load_kv([req])
+            t_started = time.perf_counter()
+            logits = decoder.step(last, prefix)
+            tok = int(logits.argmax())
+            t_step = time.perf_counter()
+            _, recving = worker_b.get_finished(set(), [])
+            assert "b" in recving, recving
+            assert worker_b.take_failed_load_block_ids() == set()
+            if phases is not None:
+                phases.update(lookup_ms=(t_lookup - t) * 1e3, start_ms=(t_started - t_lookup) * 1e3,
+                              step_ms=(t_step - t_started) * 1e3,
+                              finish_ms=(time.perf_counter() - t_step) * 1e3)
+            return logits, tok
+
         load_and_first_token()
         for c in b_caches:
             c.zero_()
@@ -470,6 +535,17 @@ def bench_ttft(master, args):
         t0 = time.perf_counter()
         logits, tok = load_and_first_token(phases)
         t_pool = time.perf_counter() - t0
+        logits = logits.clone()  # the step's output buffer is reused by the next step
+        # Layer-wise: warm, then zeroed caches and timed.
+        layerwise_first_token()
+        for c in b_caches:
+            c.zero_()
+        torch.cuda.synchronize()
+        lw_phases = {}
+        t0 = time.perf_counter()
+        lw_logits, lw_tok = layerwise_first_token(lw_phases)
+        t_layerwise = time.perf_counter() - t0
+        lw_same = lw_tok == tok and torch.equal(lw_logits.clone(), logits)
         t0 = time.perf_counter()
         worker_b.get_finished(set(), [kvpool.ReqMeta(
             "b2", token_len_chunk=plen, block_ids=b_ids, block_hashes=hashes,
@@ -519,7 +595,9 @@ def bench_ttft(master, args):
         del b_caches, decoder
         torch.cuda.empty_cache()
         rows.append(dict(prompt=plen, kv_bytes=kv_bytes, recompute_ms=t_recompute * 1e3,
-                         pool_ms=t_pool * 1e3, load_only_ms=t_load_only * 1e3,
+                         pool_ms=t_pool * 1e3, layerwise_ms=t_layerwise * 1e3,
+                         speedup_layerwise=t_recompute / t_layerwise, layerwise_phases=lw_phases,
+                         layerwise_logits_equal=lw_same, load_only_ms=t_load_only * 1e3,
                          tcp_ms=t_tcp * 1e3, store_ms=t_store * 1e3,
                          speedup=t_recompute / t_pool, speedup_tcp=t_recompute / t_tcp,
                          load_GBps=kv_bytes / t_load_only / 1e9, store_GBps=kv_bytes / t_store / 1e9,
@@ -532,20 +610,27 @@ def bench_ttft(master, args):
             f"(lookup {phases['lookup_ms']:.1f}, load {phases['load_ms']:.1f}, first step "
             f"{phases['first_step_ms']:.1f}), teacher-forced argmax {same}/{len(tokens)} "
             f"(transformers' top-2 margins where not: {margins}), free-running tokens equal "
-            f"for {agree}/{len(tokens)}, max |dlogit| {max_diff:.3f} (logits up to {ref_scale:.2f})")
+            f"for {agree}/{len(tokens)}, max |dlogit| {max_diff:.3f} "
+            f"(logits up to {ref_scale:.2f}); "
+            f"layer-wise {t_layerwise * 1e3:.1f} ms ({t_recompute / t_layerwise:.1f}x; "
+            + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in lw_phases.items())
+            + f"), logits identical to the whole load's: {lw_same}")
     results["ttft"] = dict(layers=cfg.num_hidden_layers, rows=rows)
     say()
     say(f"## Time to first token, Llama-3.1-8B shape ({cfg.num_hidden_layers} of 32 layers), "
         "random weights, bf16, batch 1")
     say("| prompt tokens | KV GiB | recompute (prefill) ms | pool hit, same host ms (lookup + "
-        "load + first step) | x | load alone ms (GB/s) | pool hit over TCP ms | x | store ms "
+        "load + first step) | x | pool hit, layer-wise load ms (lookup + start + step + finish) "
+        "| x | load alone ms (GB/s) | pool hit over TCP ms | x | store ms "
         "(GB/s) | argmax = transformers' (teacher-forced) | free-running tokens equal | max abs "
         "logit diff |")
-    say("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         say(f"| {r['prompt']} | {r['kv_bytes'] / GiB:.2f} | {r['recompute_ms']:.1f} | "
             f"{r['pool_ms']:.1f} ({r['lookup_ms']:.1f} + {r['load_ms']:.1f} + "
-            f"{r['first_step_ms']:.1f}) | {r['speedup']:.1f} | {r['load_only_ms']:.1f} "
+            f"{r['first_step_ms']:.1f}) | {r['speedup']:.1f} | {r['layerwise_ms']:.1f} ("
+            + " + ".join(f"{v:.1f}" for v in r['layerwise_phases'].values())
+            + f") | {r['speedup_layerwise']:.1f} | {r['load_only_ms']:.1f} "
             f"({r['load_GBps']:.1f}) | {r['tcp_ms']:.1f} | {r['speedup_tcp']:.1f} | "
             f"{r['store_ms']:.1f} ({r['store_GBps']:.1f}) | {r['tokens_equal']} | "
             f"{r['free_running_agree']} | "
