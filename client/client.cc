@@ -1,5 +1,6 @@
 #include "kvpool/client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -8,6 +9,7 @@
 #include "client/master_client.h"
 #include "client/routing_transport.h"
 #include "client/tcp_transport.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/latency_histogram.h"
 #include "common/task_pool.h"
@@ -882,6 +884,14 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
   if (!reserved.ok()) return std::vector<absl::StatusOr<LocalReservation>>(n, reserved.status());
   std::vector<absl::StatusOr<LocalReservation>> results;
   v1::BatchPutRevokeRequest revoke;
+  // The write intents to ask for, by pool.
+  struct PoolIntents {
+    std::string endpoint;
+    std::shared_ptr<const client::ShmTransport::Pool> pool;
+    std::vector<size_t> index;  // into results
+    std::vector<wire::ShmIntent> intents;
+  };
+  std::vector<PoolIntents> intents;
   for (size_t i = 0; i < n; ++i) {
     const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
     if (result.code() != v1::OK) {
@@ -904,13 +914,51 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
                 std::min<size_t>(sizeof(expiry_ms), placement.token().size()));
     results.push_back(LocalReservation{keys[i], pool->base + placement.offset(),
                                        placement.length(), result.put_id(),
-                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms))});
+                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms)),
+                                       placement.endpoint()});
+    wire::ShmIntent intent{placement.offset(), placement.length()};
+    std::memcpy(intent.token.data(), placement.token().data(),
+                std::min(intent.token.size(), placement.token().size()));
+    auto it = std::find_if(intents.begin(), intents.end(),
+                           [&](const auto& entry) { return entry.pool == pool; });
+    if (it == intents.end()) it = intents.insert(intents.end(), {placement.endpoint(), pool});
+    it->index.push_back(results.size() - 1);
+    it->intents.push_back(intent);
+  }
+  // The caller writes straight into the pool: the segment accepts each write first (its
+  // write intent), as it would check a TCP write's token.
+  for (const PoolIntents& pool : intents) {
+    std::vector<absl::StatusOr<uint64_t>> begun =
+        impl_->transport->BeginLocalWrites(pool.endpoint, pool.pool, pool.intents);
+    for (size_t k = 0; k < pool.index.size(); ++k) {
+      absl::StatusOr<LocalReservation>& reservation = results[pool.index[k]];
+      if (begun[k].ok()) {
+        reservation->write_intent = *begun[k];
+        continue;
+      }
+      v1::PutEndItem* item = revoke.add_items();
+      item->set_key(reservation->key);
+      item->set_put_id(reservation->put_id);
+      reservation = begun[k].status();
+    }
   }
   if (revoke.items_size() > 0) (void)impl_->master.BatchPutRevoke(revoke);
   return results;
 }
 
+void Client::EndLocalWrites(absl::Span<const LocalReservation> reservations) {
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> done;
+  for (const LocalReservation& reservation : reservations) {
+    if (reservation.write_intent != 0) {
+      done[reservation.endpoint].push_back(reservation.write_intent);
+    }
+  }
+  for (const auto& [endpoint, ids] : done) impl_->transport->EndLocalWrites(endpoint, ids);
+}
+
 std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReservation> reservations) {
+  // The writes are done before the commit reaches the segment, so it finds them done.
+  EndLocalWrites(reservations);
   std::vector<std::vector<iovec>> values;
   for (const LocalReservation& reservation : reservations) {
     values.push_back({iovec{reservation.data, reservation.size}});
@@ -940,6 +988,7 @@ std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReserva
 }
 
 void Client::BatchAbandonLocal(absl::Span<const LocalReservation> reservations) {
+  EndLocalWrites(reservations);
   v1::BatchPutRevokeRequest revoke;
   for (const LocalReservation& reservation : reservations) {
     v1::PutEndItem* item = revoke.add_items();
