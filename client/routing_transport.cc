@@ -74,7 +74,9 @@ void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) 
   std::thread tcp_thread;
   if (!tcp_index.empty()) tcp_thread = std::thread([&] { run_tcp(tcp_index); });
   std::vector<size_t> fallback;
-  for (TransferOp* op : CopyShared(shm_ops)) fallback.push_back(static_cast<size_t>(op - ops.data()));
+  for (TransferOp* op : CopyShared(shm_ops)) {
+    fallback.push_back(static_cast<size_t>(op - ops.data()));
+  }
   shm_ops_.fetch_add(shm_ops.size() - fallback.size(), std::memory_order_relaxed);
   if (!rdma_ops.empty()) {
     rdma_.Execute(rdma_ops, deadline);

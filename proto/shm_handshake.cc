@@ -67,7 +67,8 @@ absl::Status CheckBody(const ShmMessageHeader& header, ShmMessageKind kind,
 
 }  // namespace
 
-absl::StatusOr<ShmMessageHeader> DecodeShmMessageHeader(const uint8_t header[kShmMessageHeaderSize]) {
+absl::StatusOr<ShmMessageHeader> DecodeShmMessageHeader(
+    const uint8_t header[kShmMessageHeaderSize]) {
   ShmMessageHeader decoded;
   size_t entry_size = 0;
   switch (LoadLittleEndian<uint32_t>(header + 0)) {

@@ -104,7 +104,8 @@ struct ShmReply {
 
 // InvalidArgument for an unknown magic, a count of 0 or above kShmMaxEntries, or reserved
 // bits set.
-absl::StatusOr<ShmMessageHeader> DecodeShmMessageHeader(const uint8_t header[kShmMessageHeaderSize]);
+absl::StatusOr<ShmMessageHeader> DecodeShmMessageHeader(
+    const uint8_t header[kShmMessageHeaderSize]);
 
 // Whole messages (header and entries). `intents`, `ids`, `replies`: 1..kShmMaxEntries.
 std::string EncodeShmIntents(absl::Span<const ShmIntent> intents);

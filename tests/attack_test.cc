@@ -933,6 +933,30 @@ TEST_F(AttackTest, ShmWriterPausedPastItsReservationLosesNoAcknowledgedObject) {
   EXPECT_TRUE(client_->Get("victim").value_or("") == value);
 }
 
+// The master that placed a paused writer is replaced (a restart here; a fail-over to another
+// leader is the same for the segment: a new term, whose grants know nothing of the old
+// ones). The new master reuses the range at once, but the segment holds it while the old
+// term's intent is open: the new put is refused, never acknowledged, until the writer is done.
+TEST_F(AttackTest, ShmIntentOpenAcrossANewMasterTermHoldsItsRange) {
+  StartCluster();
+  std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
+  ASSERT_NE(writer, nullptr);
+  v1::PutStartResult mine = Reserve("old-term", kSize);
+  uint64_t intent = 0;
+  ASSERT_EQ(BeginOne(*writer, mine.placements(0), &intent), v1::OK);
+  RestartMaster();
+  const std::string value = testing::RandomValue(kSize, 28);
+  absl::Status refused = client_->Put("victim", value);
+  EXPECT_EQ(ToErrorCode(refused), v1::TRANSFER_FAIL) << refused;
+  EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), kSize);
+  std::memset(writer->base + mine.placements(0).offset(), 'T', kSize);  // its late bytes
+  EXPECT_EQ(DoneOne(*writer, intent), v1::OK);
+  ASSERT_TRUE(client_->Put("victim", value).ok());
+  EXPECT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  EXPECT_NE(BeginOne(*writer, mine.placements(0)), v1::OK);
+  EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+}
+
 // A writer stalled between its placement and its intent: on waking its intent is refused,
 // so it copies nothing over the object committed meanwhile.
 TEST_F(AttackTest, ShmWriterStalledBeforeItsIntentIsRefusedOnWaking) {
