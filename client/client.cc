@@ -112,6 +112,8 @@ struct Client::Impl {
   // The shared-memory socket of a segment, from the master's segment list (cached; asked
   // again at most once a second for an endpoint it does not know).
   std::optional<std::string> ShmSocketOf(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(shm_mu);
+  // Maps the pools of the segments of this machine known so far (see BatchPutOnce).
+  void MapKnownLocalPools() ABSL_LOCKS_EXCLUDED(shm_mu);
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
@@ -205,6 +207,22 @@ std::vector<uint64_t> Client::Impl::Checksums(const std::vector<std::vector<iove
   }
   workers.Run(std::move(work));
   return sums;
+}
+
+void Client::Impl::MapKnownLocalPools() {
+  if (options.transport != TransportKind::kAuto &&
+      options.transport != TransportKind::kSharedMemory) {
+    return;
+  }
+  std::vector<std::string> endpoints;
+  {
+    absl::MutexLock lock(&shm_mu);
+    for (const auto& [endpoint, socket] : local_segments) {
+      if (!socket.empty()) endpoints.push_back(endpoint);
+    }
+  }
+  // Mapped already: a lookup each. Refused or failed: not asked again for a while.
+  for (const std::string& endpoint : endpoints) transport->LocalPool(endpoint, /*incarnation=*/0);
 }
 
 std::optional<std::string> Client::Impl::ShmSocketOf(const std::string& endpoint) {
@@ -482,6 +500,11 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   const size_t n = items.size();
   std::vector<absl::Status> results(n);
   if (n == 0) return results;
+
+  // Pools of this machine's segments are mapped before any space is reserved: mapping (and
+  // populating) a large pool can take longer than a reservation lasts, and a write whose
+  // token expired meanwhile is refused (its intent would be LEASE_EXPIRED).
+  MapKnownLocalPools();
 
   // Step P1: reserve space.
   v1::BatchPutStartRequest start;
