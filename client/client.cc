@@ -1,5 +1,6 @@
 #include "kvpool/client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -8,6 +9,7 @@
 #include "client/master_client.h"
 #include "client/routing_transport.h"
 #include "client/tcp_transport.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/latency_histogram.h"
 #include "common/task_pool.h"
@@ -110,6 +112,8 @@ struct Client::Impl {
   // The shared-memory socket of a segment, from the master's segment list (cached; asked
   // again at most once a second for an endpoint it does not know).
   std::optional<std::string> ShmSocketOf(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(shm_mu);
+  // Maps the pools of the segments of this machine known so far (see BatchPutOnce).
+  void MapKnownLocalPools() ABSL_LOCKS_EXCLUDED(shm_mu);
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
@@ -211,6 +215,22 @@ std::vector<uint64_t> Client::Impl::Checksums(const std::vector<std::vector<iove
   }
   workers.Run(std::move(work));
   return sums;
+}
+
+void Client::Impl::MapKnownLocalPools() {
+  if (options.transport != TransportKind::kAuto &&
+      options.transport != TransportKind::kSharedMemory) {
+    return;
+  }
+  std::vector<std::string> endpoints;
+  {
+    absl::MutexLock lock(&shm_mu);
+    for (const auto& [endpoint, socket] : local_segments) {
+      if (!socket.empty()) endpoints.push_back(endpoint);
+    }
+  }
+  // Mapped already: a lookup each. Refused or failed: not asked again for a while.
+  for (const std::string& endpoint : endpoints) transport->LocalPool(endpoint, /*incarnation=*/0);
 }
 
 std::optional<std::string> Client::Impl::ShmSocketOf(const std::string& endpoint) {
@@ -509,6 +529,11 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   const size_t n = items.size();
   std::vector<absl::Status> results(n);
   if (n == 0) return results;
+
+  // Pools of this machine's segments are mapped before any space is reserved: mapping (and
+  // populating) a large pool can take longer than a reservation lasts, and a write whose
+  // token expired meanwhile is refused (its intent would be LEASE_EXPIRED).
+  MapKnownLocalPools();
 
   // Step P1: reserve space.
   v1::BatchPutStartRequest start;
@@ -911,6 +936,14 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
   if (!reserved.ok()) return std::vector<absl::StatusOr<LocalReservation>>(n, reserved.status());
   std::vector<absl::StatusOr<LocalReservation>> results;
   v1::BatchPutRevokeRequest revoke;
+  // The write intents to ask for, by pool.
+  struct PoolIntents {
+    std::string endpoint;
+    std::shared_ptr<const client::ShmTransport::Pool> pool;
+    std::vector<size_t> index;  // into results
+    std::vector<wire::ShmIntent> intents;
+  };
+  std::vector<PoolIntents> intents;
   for (size_t i = 0; i < n; ++i) {
     const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
     if (result.code() != v1::OK) {
@@ -933,13 +966,51 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
                 std::min<size_t>(sizeof(expiry_ms), placement.token().size()));
     results.push_back(LocalReservation{keys[i], pool->base + placement.offset(),
                                        placement.length(), result.put_id(),
-                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms))});
+                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms)),
+                                       placement.endpoint()});
+    wire::ShmIntent intent{placement.offset(), placement.length()};
+    std::memcpy(intent.token.data(), placement.token().data(),
+                std::min(intent.token.size(), placement.token().size()));
+    auto it = std::find_if(intents.begin(), intents.end(),
+                           [&](const auto& entry) { return entry.pool == pool; });
+    if (it == intents.end()) it = intents.insert(intents.end(), {placement.endpoint(), pool});
+    it->index.push_back(results.size() - 1);
+    it->intents.push_back(intent);
+  }
+  // The caller writes straight into the pool: the segment accepts each write first (its
+  // write intent), as it would check a TCP write's token.
+  for (const PoolIntents& pool : intents) {
+    std::vector<absl::StatusOr<uint64_t>> begun =
+        impl_->transport->BeginLocalWrites(pool.endpoint, pool.pool, pool.intents);
+    for (size_t k = 0; k < pool.index.size(); ++k) {
+      absl::StatusOr<LocalReservation>& reservation = results[pool.index[k]];
+      if (begun[k].ok()) {
+        reservation->write_intent = *begun[k];
+        continue;
+      }
+      v1::PutEndItem* item = revoke.add_items();
+      item->set_key(reservation->key);
+      item->set_put_id(reservation->put_id);
+      reservation = begun[k].status();
+    }
   }
   if (revoke.items_size() > 0) (void)impl_->master.BatchPutRevoke(revoke);
   return results;
 }
 
+void Client::EndLocalWrites(absl::Span<const LocalReservation> reservations) {
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> done;
+  for (const LocalReservation& reservation : reservations) {
+    if (reservation.write_intent != 0) {
+      done[reservation.endpoint].push_back(reservation.write_intent);
+    }
+  }
+  for (const auto& [endpoint, ids] : done) impl_->transport->EndLocalWrites(endpoint, ids);
+}
+
 std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReservation> reservations) {
+  // The writes are done before the commit reaches the segment, so it finds them done.
+  EndLocalWrites(reservations);
   std::vector<std::vector<iovec>> values;
   std::vector<size_t> hashed;  // reservations whose checksum the writer did not give
   for (size_t i = 0; i < reservations.size(); ++i) {
@@ -977,6 +1048,7 @@ std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReserva
 }
 
 void Client::BatchAbandonLocal(absl::Span<const LocalReservation> reservations) {
+  EndLocalWrites(reservations);
   v1::BatchPutRevokeRequest revoke;
   for (const LocalReservation& reservation : reservations) {
     v1::PutEndItem* item = revoke.add_items();

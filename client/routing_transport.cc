@@ -1,5 +1,6 @@
 #include "client/routing_transport.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "common/log.h"
@@ -72,10 +73,11 @@ void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) 
   };
   std::thread tcp_thread;
   if (!tcp_index.empty()) tcp_thread = std::thread([&] { run_tcp(tcp_index); });
-  absl::Time now = absl::Now();
-  for (auto& [op, pool] : shm_ops) ShmTransport::Copy(*pool, *op, now);
-  shm_ops_.fetch_add(shm_ops.size(), std::memory_order_relaxed);
   std::vector<size_t> fallback;
+  for (TransferOp* op : CopyShared(shm_ops)) {
+    fallback.push_back(static_cast<size_t>(op - ops.data()));
+  }
+  shm_ops_.fetch_add(shm_ops.size() - fallback.size(), std::memory_order_relaxed);
   if (!rdma_ops.empty()) {
     rdma_.Execute(rdma_ops, deadline);
     for (TransferOp* op : rdma_ops) {
@@ -88,6 +90,78 @@ void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) 
   }
   if (tcp_thread.joinable()) tcp_thread.join();
   if (!fallback.empty()) run_tcp(fallback);
+}
+
+std::vector<TransferOp*> RoutingTransport::CopyShared(
+    absl::Span<const std::pair<TransferOp*, std::shared_ptr<const ShmTransport::Pool>>> shm_ops) {
+  std::vector<TransferOp*> failed_over;
+  absl::Time now = absl::Now();
+  // Writes by pool, each fenced by a write intent; reads are copied at once.
+  std::vector<std::pair<const ShmTransport::Pool*, std::vector<TransferOp*>>> writes;
+  for (const auto& [op, pool] : shm_ops) {
+    if (op->opcode != wire::Opcode::kWrite) {
+      ShmTransport::Copy(*pool, *op, now);
+      continue;
+    }
+    auto it = std::find_if(writes.begin(), writes.end(),
+                           [&](const auto& entry) { return entry.first == pool.get(); });
+    if (it == writes.end()) it = writes.insert(writes.end(), {pool.get(), {}});
+    it->second.push_back(op);
+  }
+  for (auto& [pool, pool_ops] : writes) {
+    std::vector<wire::ShmIntent> intents;
+    intents.reserve(pool_ops.size());
+    for (const TransferOp* op : pool_ops) {
+      intents.push_back(wire::ShmIntent{op->offset, op->length, op->token});
+    }
+    // Step P2 over shared memory: the segment accepts each write (it checks the grant as for
+    // a TCP write) before a byte is copied, and is told once they are.
+    absl::StatusOr<std::vector<absl::StatusOr<uint64_t>>> begun =
+        ShmTransport::BeginWrites(*pool, intents);
+    if (!begun.ok()) {
+      // The connection broke (nothing was copied, no intent stays open): map afresh next
+      // time, and write these over TCP now.
+      KVPOOL_LOG(INFO) << "shared memory with segment " << pool_ops[0]->endpoint
+                       << " lost its connection, using TCP: " << begun.status().message();
+      shm_.Forget(pool_ops[0]->endpoint, pool);
+      failed_over.insert(failed_over.end(), pool_ops.begin(), pool_ops.end());
+      continue;
+    }
+    std::vector<uint64_t> done;
+    done.reserve(pool_ops.size());
+    for (size_t k = 0; k < pool_ops.size(); ++k) {
+      if (!(*begun)[k].ok()) {
+        pool_ops[k]->status = (*begun)[k].status();
+        continue;
+      }
+      ShmTransport::Copy(*pool, *pool_ops[k], now);
+      done.push_back(*(*begun)[k]);
+    }
+    if (!done.empty()) {
+      if (absl::Status ended = ShmTransport::EndWrites(*pool, done); !ended.ok()) {
+        shm_.Forget(pool_ops[0]->endpoint, pool);  // its close ended the intents all the same
+      }
+    }
+  }
+  return failed_over;
+}
+
+std::vector<absl::StatusOr<uint64_t>> RoutingTransport::BeginLocalWrites(
+    const std::string& endpoint, const std::shared_ptr<const ShmTransport::Pool>& pool,
+    absl::Span<const wire::ShmIntent> intents) {
+  absl::StatusOr<std::vector<absl::StatusOr<uint64_t>>> begun =
+      ShmTransport::BeginWrites(*pool, intents);
+  if (begun.ok()) return *std::move(begun);
+  shm_.Forget(endpoint, pool.get());
+  return std::vector<absl::StatusOr<uint64_t>>(intents.size(), begun.status());
+}
+
+void RoutingTransport::EndLocalWrites(const std::string& endpoint,
+                                      absl::Span<const uint64_t> ids) {
+  if (ids.empty()) return;
+  std::shared_ptr<const ShmTransport::Pool> pool = shm_.Find(endpoint, 0);
+  if (pool == nullptr) return;  // forgotten: its connection closed, ending its intents
+  if (!ShmTransport::EndWrites(*pool, ids).ok()) shm_.Forget(endpoint, pool.get());
 }
 
 RoutingTransport::Stats RoutingTransport::stats() const {

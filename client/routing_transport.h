@@ -43,6 +43,15 @@ class RoutingTransport final : public Transport {
     return shm_.All();
   }
 
+  // Write intents for writes the caller makes itself into a mapped pool (zero-copy puts,
+  // Client::BatchReserveLocal): per intent its id or the segment's refusal (see
+  // ShmTransport::BeginWrites); a broken connection refuses all (Unavailable) and forgets
+  // the mapping. EndLocalWrites tells the segment they are done.
+  std::vector<absl::StatusOr<uint64_t>> BeginLocalWrites(
+      const std::string& endpoint, const std::shared_ptr<const ShmTransport::Pool>& pool,
+      absl::Span<const wire::ShmIntent> intents);
+  void EndLocalWrites(const std::string& endpoint, absl::Span<const uint64_t> ids);
+
   struct Stats {
     uint64_t shm_ops = 0;
     uint64_t rdma_ops = 0;
@@ -57,6 +66,11 @@ class RoutingTransport final : public Transport {
     bool allowed = kind_ == TransportKind::kAuto || kind_ == TransportKind::kSharedMemory;
     return allowed ? LocalPool(op.endpoint, op.incarnation) : nullptr;
   }
+
+  // Runs shared-memory ops: reads copied at once, writes fenced by write intents. Returns
+  // the writes to run over TCP instead (their pool's connection broke before any copy).
+  std::vector<TransferOp*> CopyShared(
+      absl::Span<const std::pair<TransferOp*, std::shared_ptr<const ShmTransport::Pool>>> shm_ops);
 
   const TransportKind kind_;
   const ShmResolver resolver_;

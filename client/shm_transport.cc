@@ -45,11 +45,97 @@ absl::Status RecvWithFd(int socket, void* data, size_t size, int* fd) {
   return absl::OkStatus();
 }
 
+
+// How long an intent's answer may take (the segment answers from one non-blocking thread).
+constexpr int kIntentAnswerSeconds = 5;
+
+// Sends `message` and reads one answer of `count` entries on `pool`'s connection. Marks the
+// connection broken (and shuts it down, ending its intents at the segment) on any failure.
+absl::StatusOr<std::vector<wire::ShmReply>> Exchange(const ShmTransport::Pool& pool,
+                                                     const std::string& message, size_t count)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool.control_mu) {
+  auto fail = [&](absl::string_view why) {
+    pool.broken = true;
+    if (pool.control >= 0) shutdown(pool.control, SHUT_RDWR);
+    return absl::UnavailableError(
+        absl::StrCat("shared-memory connection to the segment failed: ", why));
+  };
+  if (pool.broken || pool.control < 0) return fail("closed earlier");
+  size_t sent = 0;
+  while (sent < message.size()) {
+    ssize_t n = send(pool.control, message.data() + sent, message.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail(std::strerror(errno));
+    sent += static_cast<size_t>(n);
+  }
+  std::string answer(wire::kShmMessageHeaderSize + count * wire::kShmReplyEntrySize, '\0');
+  size_t got = 0;
+  while (got < answer.size()) {
+    ssize_t n = recv(pool.control, answer.data() + got, answer.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return fail("closed by the segment");
+    if (n < 0) return fail(errno == EAGAIN ? "no answer in time" : std::strerror(errno));
+    got += static_cast<size_t>(n);
+  }
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(answer.data());
+  absl::StatusOr<wire::ShmMessageHeader> header = wire::DecodeShmMessageHeader(bytes);
+  if (!header.ok() || header->count != count) return fail("malformed answer");
+  absl::StatusOr<std::vector<wire::ShmReply>> replies = wire::DecodeShmReplies(
+      *header, absl::MakeConstSpan(bytes + wire::kShmMessageHeaderSize, header->body_size));
+  if (!replies.ok()) return fail(replies.status().message());
+  return replies;
+}
+
 }  // namespace
 
 ShmTransport::Pool::~Pool() {
   if (base != nullptr) munmap(base, size);
+  if (control >= 0) close(control);
 }
+
+absl::StatusOr<std::vector<absl::StatusOr<uint64_t>>> ShmTransport::BeginWrites(
+    const Pool& pool, absl::Span<const wire::ShmIntent> intents) {
+  std::vector<absl::StatusOr<uint64_t>> results;
+  results.reserve(intents.size());
+  absl::MutexLock lock(&pool.control_mu);
+  for (size_t first = 0; first < intents.size(); first += wire::kShmMaxEntries) {
+    absl::Span<const wire::ShmIntent> chunk = intents.subspan(first, wire::kShmMaxEntries);
+    absl::StatusOr<std::vector<wire::ShmReply>> replies =
+        Exchange(pool, wire::EncodeShmIntents(chunk), chunk.size());
+    if (!replies.ok()) return replies.status();  // closed: no intent of it stays open
+    for (const wire::ShmReply& reply : *replies) {
+      if (reply.status == 0 && reply.intent != 0) {
+        results.push_back(reply.intent);
+      } else {
+        results.push_back(FromErrorCode(
+            reply.status != 0 ? reply.status : v1::INTERNAL_ERROR,
+            reply.status == v1::TRANSFER_FAIL
+                ? "the range is busy with a late shared-memory write of an ended grant"
+                : "the segment refused the shared-memory write (its grant ended, expired or "
+                  "is of another term)"));
+      }
+    }
+  }
+  return results;
+}
+
+absl::Status ShmTransport::EndWrites(const Pool& pool, absl::Span<const uint64_t> ids) {
+  absl::MutexLock lock(&pool.control_mu);
+  for (size_t first = 0; first < ids.size(); first += wire::kShmMaxEntries) {
+    absl::Span<const uint64_t> chunk = ids.subspan(first, wire::kShmMaxEntries);
+    absl::StatusOr<std::vector<wire::ShmReply>> replies =
+        Exchange(pool, wire::EncodeShmDone(chunk), chunk.size());
+    if (!replies.ok()) return replies.status();
+  }
+  return absl::OkStatus();
+}
+
+void ShmTransport::Forget(const std::string& endpoint, const Pool* pool) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(endpoint);
+  if (it != pools_.end() && it->second.get() == pool) pools_.erase(it);
+}
+
 
 std::shared_ptr<const ShmTransport::Pool> ShmTransport::Find(const std::string& endpoint,
                                                             uint64_t incarnation) const {
@@ -76,6 +162,7 @@ absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> ShmTransport::Attach(
   }
   std::memcpy(address.sun_path, socket_path.data(), socket_path.size());
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
   timeval timeout{2, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
@@ -101,12 +188,13 @@ absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> ShmTransport::Attach(
       answer->reason = "(reason cut short)";
     }
   }
-  close(fd);
   if (!answer.ok()) {
+    close(fd);
     if (pool_fd >= 0) close(pool_fd);
     return answer.status();
   }
   if (answer->status != 0 || pool_fd < 0) {
+    close(fd);
     if (pool_fd >= 0) close(pool_fd);
     return FromErrorCode(answer->status != 0 ? answer->status : v1::INTERNAL_ERROR,
                          absl::StrCat("segment ", endpoint, ": ", answer->reason));
@@ -116,6 +204,7 @@ absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> ShmTransport::Attach(
   int error = errno;
   close(pool_fd);
   if (base == MAP_FAILED) {
+    close(fd);
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map the pool of ", endpoint, ": ", std::strerror(error)));
   }
@@ -123,6 +212,11 @@ absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> ShmTransport::Attach(
   pool->base = static_cast<uint8_t*>(base);
   pool->size = answer->pool_size;
   pool->incarnation = answer->incarnation;
+  // Kept for write intents; their answers come at once, else the connection is given up.
+  timeval answer_timeout{kIntentAnswerSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &answer_timeout, sizeof(answer_timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &answer_timeout, sizeof(answer_timeout));
+  pool->control = fd;
   absl::MutexLock lock(&mu_);
   pools_[endpoint] = pool;
   return std::shared_ptr<const Pool>(pool);

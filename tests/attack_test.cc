@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -803,6 +804,314 @@ TEST_F(AttackTest, SilentAdmissionPeersDoNotStallOthers) {
   EXPECT_LT(took, absl::Milliseconds(900)) << "admission waited behind silent peers";
   if (pool >= 0) close(pool);
   for (int fd : silent) close(fd);
+}
+
+// --- Shared-memory writes are fenced by write intents ---
+//
+// A shared-memory writer copies straight into the mapped pool, so the segment cannot cut it;
+// instead it accepts each write first (an intent on the kept admission connection) and holds
+// the range until the writer says it is done or its connection closes. These attackers speak
+// the intent protocol raw (proto/shm_handshake.h), with tokens from real placements.
+
+// An admitted client: the kept admission connection and the mapped pool.
+struct RawShmClient {
+  int control = -1;
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
+  ~RawShmClient() {
+    if (base != nullptr) munmap(base, size);
+    if (control >= 0) close(control);
+  }
+};
+
+std::unique_ptr<RawShmClient> AdmitShm(const std::string& path) {
+  auto client = std::make_unique<RawShmClient>();
+  client->control = ConnectUnix(path);
+  if (client->control < 0) return nullptr;
+  timeval timeout{10, 0};
+  setsockopt(client->control, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string hello = wire::EncodeShmHello();
+  SendAll(client->control, hello.data(), hello.size());
+  uint8_t answer[wire::kShmAnswerSize];
+  iovec iov{answer, sizeof(answer)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &iov;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof(control);
+  int pool_fd = -1;
+  if (recvmsg(client->control, &message, MSG_WAITALL) != sizeof(answer)) return nullptr;
+  if (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr) {
+    std::memcpy(&pool_fd, CMSG_DATA(header), sizeof(int));
+  }
+  uint32_t reason_length = 0;
+  absl::StatusOr<wire::ShmAnswer> decoded = wire::DecodeShmAnswer(answer, &reason_length);
+  if (!decoded.ok() || decoded->status != 0 || pool_fd < 0) return nullptr;
+  void* base = mmap(nullptr, decoded->pool_size, PROT_READ | PROT_WRITE, MAP_SHARED, pool_fd, 0);
+  close(pool_fd);
+  if (base == MAP_FAILED) return nullptr;
+  client->base = static_cast<uint8_t*>(base);
+  client->size = decoded->pool_size;
+  return client;
+}
+
+// Sends one message and reads its answer of `count` entries (empty if the segment closed
+// the connection instead).
+std::vector<wire::ShmReply> SendShm(int control, const std::string& message, size_t count) {
+  SendAll(control, message.data(), message.size());
+  std::string answer(wire::kShmMessageHeaderSize + count * wire::kShmReplyEntrySize, '\0');
+  if (recv(control, answer.data(), answer.size(), MSG_WAITALL) !=
+      static_cast<ssize_t>(answer.size())) {
+    return {};
+  }
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(answer.data());
+  absl::StatusOr<wire::ShmMessageHeader> header = wire::DecodeShmMessageHeader(bytes);
+  if (!header.ok() || header->count != count) return {};
+  return wire::DecodeShmReplies(*header, absl::MakeConstSpan(bytes, answer.size())
+                                             .subspan(wire::kShmMessageHeaderSize))
+      .value_or(std::vector<wire::ShmReply>{});
+}
+
+wire::ShmIntent IntentFor(const v1::Placement& placement) {
+  wire::ShmIntent intent{placement.offset(), placement.length()};
+  std::memcpy(intent.token.data(), placement.token().data(),
+              std::min(intent.token.size(), placement.token().size()));
+  return intent;
+}
+
+int32_t BeginOne(const RawShmClient& client, const v1::Placement& placement,
+                 uint64_t* intent = nullptr) {
+  std::vector<wire::ShmReply> replies =
+      SendShm(client.control, wire::EncodeShmIntents({IntentFor(placement)}), 1);
+  if (replies.size() != 1) return v1::RPC_FAIL;
+  if (intent != nullptr) *intent = replies[0].intent;
+  return replies[0].status;
+}
+
+int32_t DoneOne(const RawShmClient& client, uint64_t intent) {
+  std::vector<wire::ShmReply> replies =
+      SendShm(client.control, wire::EncodeShmDone({std::vector<uint64_t>{intent}}), 1);
+  return replies.size() == 1 ? replies[0].status : v1::RPC_FAIL;
+}
+
+// A shared-memory writer paused between its intent and its bytes for longer than its
+// reservation: the range is reclaimed, but no other put into it is acknowledged until the
+// writer is done, so its late bytes overwrite nothing anyone was told is stored.
+TEST_F(AttackTest, ShmWriterPausedPastItsReservationLosesNoAcknowledgedObject) {
+  StartCluster({"--put-timeout=2s"});
+  ASSERT_NE(segment_.shm, "none");
+  uint64_t baseline = Used();
+  std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
+  ASSERT_NE(writer, nullptr);
+  v1::PutStartResult mine = Reserve("paused", kSize);
+  uint64_t intent = 0;
+  ASSERT_EQ(BeginOne(*writer, mine.placements(0), &intent), v1::OK);
+  ASSERT_NE(intent, 0u);
+
+  // It pauses: the reservation expires, is reclaimed and its range given back.
+  ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(10)));
+  EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), kSize);
+  EXPECT_GE(Metric("kvpool_segment_deferred_grant_ends_total"), 1u);
+  // Another client's put lands in that range: refused, never acknowledged.
+  const std::string value = testing::RandomValue(kSize, 21);
+  absl::Status refused = client_->Put("victim", value);
+  EXPECT_EQ(ToErrorCode(refused), v1::TRANSFER_FAIL) << refused;
+  EXPECT_EQ(ToErrorCode(client_->Get("victim").status()), v1::OBJECT_NOT_FOUND);
+  EXPECT_GE(Metric("kvpool_data_busy_refused_total"), 1u);
+
+  // The writer wakes, copies its bytes and says so; its commit finds its reservation gone.
+  std::memset(writer->base + mine.placements(0).offset(), 'P', kSize);
+  EXPECT_EQ(DoneOne(*writer, intent), v1::OK);
+  EXPECT_EQ(Commit("paused", mine.put_id(), 1), v1::OBJECT_NOT_FOUND);
+  EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), 0u);
+  // Now the put is acknowledged in that very range, and nothing of the old grant lands
+  // there again.
+  ASSERT_TRUE(client_->Put("victim", value).ok());
+  ASSERT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  EXPECT_NE(BeginOne(*writer, mine.placements(0)), v1::OK);
+  EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+}
+
+// The master that placed a paused writer is replaced (a restart here; a fail-over to another
+// leader is the same for the segment: a new term, whose grants know nothing of the old
+// ones). The new master reuses the range at once, but the segment holds it while the old
+// term's intent is open: the new put is refused, never acknowledged, until the writer is done.
+TEST_F(AttackTest, ShmIntentOpenAcrossANewMasterTermHoldsItsRange) {
+  StartCluster();
+  std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
+  ASSERT_NE(writer, nullptr);
+  v1::PutStartResult mine = Reserve("old-term", kSize);
+  uint64_t intent = 0;
+  ASSERT_EQ(BeginOne(*writer, mine.placements(0), &intent), v1::OK);
+  RestartMaster();
+  const std::string value = testing::RandomValue(kSize, 28);
+  absl::Status refused = client_->Put("victim", value);
+  EXPECT_EQ(ToErrorCode(refused), v1::TRANSFER_FAIL) << refused;
+  EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), kSize);
+  std::memset(writer->base + mine.placements(0).offset(), 'T', kSize);  // its late bytes
+  EXPECT_EQ(DoneOne(*writer, intent), v1::OK);
+  ASSERT_TRUE(client_->Put("victim", value).ok());
+  EXPECT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  EXPECT_NE(BeginOne(*writer, mine.placements(0)), v1::OK);
+  EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+}
+
+// A writer stalled between its placement and its intent: on waking its intent is refused,
+// so it copies nothing over the object committed meanwhile.
+TEST_F(AttackTest, ShmWriterStalledBeforeItsIntentIsRefusedOnWaking) {
+  StartCluster();
+  uint64_t baseline = Used();
+  std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
+  ASSERT_NE(writer, nullptr);
+  v1::PutStartResult mine = Reserve("stalled", kSize);
+  ASSERT_EQ(Revoke("stalled", mine.put_id()), v1::OK);
+  ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)));
+  const std::string value = testing::RandomValue(kSize, 22);
+  ASSERT_TRUE(client_->Put("victim", value).ok());
+  ASSERT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  uint64_t intent = 7;
+  EXPECT_EQ(BeginOne(*writer, mine.placements(0), &intent), v1::PERMISSION_DENIED);
+  EXPECT_EQ(intent, 0u);
+  EXPECT_GE(Metric("kvpool_shm_write_intents_total{result=\"refused\"}"), 1u);
+  EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+}
+
+// A writer process killed between its intent and its done: its connection closes with it,
+// which ends its intents, and the range serves the next put.
+TEST_F(AttackTest, ShmClientKilledMidIntentReleasesItsRange) {
+  StartCluster();
+  uint64_t baseline = Used();
+  v1::PutStartResult mine = Reserve("killed", kSize);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
+    char begun = writer != nullptr && BeginOne(*writer, mine.placements(0)) == v1::OK;
+    ssize_t ignored = write(ready[1], &begun, 1);
+    (void)ignored;
+    pause();  // killed here, mid-intent
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  char begun = 0;
+  ASSERT_EQ(read(ready[0], &begun, 1), 1);
+  close(ready[0]);
+  close(ready[1]);
+  ASSERT_EQ(begun, 1);
+  ASSERT_EQ(Revoke("killed", mine.put_id()), v1::OK);
+  ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)));
+  const std::string value = testing::RandomValue(kSize, 23);
+  EXPECT_EQ(ToErrorCode(client_->Put("victim", value)), v1::TRANSFER_FAIL);
+
+  kill(child, SIGKILL);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  ASSERT_TRUE(Eventually([&] { return Metric("kvpool_shm_write_intents_open") == 0; },
+                         absl::Seconds(5)));
+  EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), 0u);
+  ASSERT_TRUE(client_->Put("victim", value).ok());
+  EXPECT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+}
+
+// Bogus intents (forged, stretched, outside the pool, another range's token, an earlier
+// term's, a range busy with another grant's intent) and dones are refused one by one; a
+// malformed message closes the connection, ending its intents. Nothing else changes.
+TEST_F(AttackTest, BogusShmIntentsAreRefusedAndChangeNothing) {
+  StartCluster();
+  const std::string kept = testing::RandomValue(kSize, 24);
+  ASSERT_TRUE(client_->Put("kept", kept).ok());
+  std::unique_ptr<RawShmClient> attacker = AdmitShm(segment_.shm);
+  ASSERT_NE(attacker, nullptr);
+  v1::PutStartResult open = Reserve("open", kSize);
+  wire::ShmIntent forged = IntentFor(open.placements(0));
+  forged.token[20] ^= 1;
+  wire::ShmIntent stretched = IntentFor(open.placements(0));
+  stretched.length += 1;
+  wire::ShmIntent outside = IntentFor(open.placements(0));
+  outside.offset = uint64_t{1} << 50;
+  wire::ShmIntent over_kept = IntentFor(open.placements(0));
+  over_kept.offset = Locate("kept").replicas(0).offset();
+  std::vector<wire::ShmReply> replies = SendShm(
+      attacker->control, wire::EncodeShmIntents({forged, stretched, outside, over_kept}), 4);
+  ASSERT_EQ(replies.size(), 4u);
+  EXPECT_EQ(replies[0].status, v1::PERMISSION_DENIED);
+  EXPECT_EQ(replies[1].status, v1::PERMISSION_DENIED);
+  EXPECT_EQ(replies[2].status, v1::INVALID_WRITE);
+  EXPECT_EQ(replies[3].status, v1::PERMISSION_DENIED);
+  for (const wire::ShmReply& reply : replies) EXPECT_EQ(reply.intent, 0u);
+  EXPECT_EQ(DoneOne(*attacker, 42), v1::INVALID_PARAMS);  // never given
+  ASSERT_EQ(Revoke("open", open.put_id()), v1::OK);
+
+  // A token of the master's previous term (the segment mounted again since).
+  v1::PutStartResult stale = Reserve("stale", kSize);
+  RestartMaster();
+  EXPECT_EQ(BeginOne(*attacker, stale.placements(0)), v1::PERMISSION_DENIED);
+
+  // An intent of a revoked grant holds its range against the next grant's intent and TCP
+  // write (the range is busy: TRANSFER_FAIL, put again).
+  uint64_t before = Used();
+  v1::PutStartResult first = Reserve("first", kSize);
+  uint64_t held = 0;
+  ASSERT_EQ(BeginOne(*attacker, first.placements(0), &held), v1::OK);
+  ASSERT_EQ(Revoke("first", first.put_id()), v1::OK);
+  ASSERT_TRUE(Eventually([&] { return Used() == before; }, absl::Seconds(5)));
+  v1::PutStartResult second = Reserve("second", kSize);
+  ASSERT_EQ(second.placements(0).offset(), first.placements(0).offset());
+  EXPECT_EQ(BeginOne(*attacker, second.placements(0)), v1::TRANSFER_FAIL);
+  const std::string value = testing::RandomValue(kSize, 25);
+  EXPECT_EQ(RawWrite(segment_.data, second.placements(0), value).first, v1::TRANSFER_FAIL);
+
+  // A malformed message: the connection is closed, which ends the held intent.
+  const std::string garbage(wire::kShmMessageHeaderSize, 'x');
+  SendAll(attacker->control, garbage.data(), garbage.size());
+  char byte;
+  EXPECT_EQ(recv(attacker->control, &byte, 1, 0), 0);
+  ASSERT_TRUE(Eventually([&] { return Metric("kvpool_shm_write_intents_open") == 0; },
+                         absl::Seconds(5)));
+  ASSERT_EQ(RawWrite(segment_.data, second.placements(0), value).first, v1::OK);
+  iovec iov{const_cast<char*>(value.data()), value.size()};
+  EXPECT_EQ(Commit("second", second.put_id(), wire::Checksum({&iov, 1})), v1::OK);
+  EXPECT_TRUE(client_->Get("second").value_or("") == value);
+  EXPECT_TRUE(client_->Get("kept").value_or("") == kept);
+}
+
+// The zero-copy put (Client::BatchReserveLocal: the caller fills the pool itself) is fenced
+// the same way: a reservation held past its deadline keeps its range from the next put
+// until it is committed or abandoned. A normal shared-memory put is checked at commit by its
+// done intent, not by hashing its range.
+TEST_F(AttackTest, ZeroCopyReservationHeldPastItsDeadlineLosesNoAcknowledgedObject) {
+  StartCluster({"--put-timeout=2s"});
+  uint64_t baseline = Used();
+  ClientOptions options;
+  options.master_address = master_.grpc;
+  options.transport = TransportKind::kSharedMemory;
+  options.cache_locations = false;
+  std::unique_ptr<Client> local = std::move(Client::Create(options).value());
+  uint64_t hashed = Metric("kvpool_segment_commit_checks_total{how=\"hashed\"}");
+  const std::string mine = testing::RandomValue(kSize, 26);
+  ASSERT_TRUE(local->Put("by-shm", mine).ok());
+  EXPECT_EQ(Metric("kvpool_segment_commit_checks_total{how=\"intent\"}"), 1u);
+  EXPECT_EQ(Metric("kvpool_segment_commit_checks_total{how=\"hashed\"}"), hashed);
+  EXPECT_TRUE(client_->Get("by-shm").value_or("") == mine);
+  ASSERT_TRUE(local->Remove("by-shm", /*force=*/true).ok());  // leased by the read above
+  ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)));
+
+  std::vector<absl::StatusOr<LocalReservation>> reserved =
+      local->BatchReserveLocal({"zero-copy"}, {std::vector<uint64_t>{kSize}});
+  ASSERT_TRUE(reserved[0].ok()) << reserved[0].status();
+  EXPECT_NE(reserved[0]->write_intent, 0u);
+  // Held past its deadline: reclaimed, and the next put into the range is refused.
+  ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(10)));
+  const std::string value = testing::RandomValue(kSize, 27);
+  EXPECT_EQ(ToErrorCode(client_->Put("victim", value)), v1::TRANSFER_FAIL);
+  // The late writer fills its reservation and commits: too late, nothing lost.
+  std::memset(reserved[0]->data, 'Z', kSize);
+  EXPECT_EQ(ToErrorCode(local->BatchCommitLocal({*reserved[0]})[0]), v1::OBJECT_NOT_FOUND);
+  ASSERT_TRUE(client_->Put("victim", value).ok());
+  EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+  EXPECT_TRUE(local->Get("victim").value_or("") == value);
 }
 
 // Two servers on one address: the second fails at start-up with a clear error instead of

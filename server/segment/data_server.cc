@@ -33,7 +33,8 @@ struct ServerState {
   GrantTable grants;
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> rejected_malformed{0}, rejected_range{0}, rejected_token{0},
-      rejected_expired{0}, rejected_ended{0}, rejected_connection_cap{0}, closed_idle{0},
+      rejected_expired{0}, rejected_ended{0}, rejected_busy{0}, rejected_connection_cap{0},
+      closed_idle{0},
       accept_errors{0};
   std::atomic<int64_t> connections{0};
   LogLimiter reject_log, close_log, accept_log;
@@ -301,6 +302,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (granted.ok()) return true;
     bool expired = granted.code() == absl::StatusCode::kDeadlineExceeded;
     bool ended = granted.code() == absl::StatusCode::kFailedPrecondition;
+    if (granted.code() == absl::StatusCode::kUnavailable) {
+      // The range is busy with a late shared-memory write of an ended grant: put again.
+      Reject(request_.request_id, v1::TRANSFER_FAIL, granted.message(), server_.rejected_busy);
+      return false;
+    }
     Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
            absl::StrCat(granted.message(),
                         expired ? (write ? " (reservation timed out)" : " (lease ran out)") : ""),
@@ -535,12 +541,14 @@ DataServer::Stats DataServer::stats() const {
   stats.rejected_token = s.rejected_token.load();
   stats.rejected_expired = s.rejected_expired.load();
   stats.rejected_ended = s.rejected_ended.load();
+  stats.rejected_busy = s.rejected_busy.load();
   stats.rejected_connection_cap = s.rejected_connection_cap.load();
   stats.closed_idle = s.closed_idle.load();
   stats.accept_errors = s.accept_errors.load();
   stats.connections = static_cast<uint64_t>(std::max<int64_t>(0, s.connections.load()));
   stats.rejected = stats.rejected_malformed + stats.rejected_range + stats.rejected_token +
-                   stats.rejected_expired + stats.rejected_ended + stats.rejected_connection_cap;
+                   stats.rejected_expired + stats.rejected_ended + stats.rejected_busy +
+                   stats.rejected_connection_cap;
   stats.read_latency = s.read_latency.Snapshot();
   stats.write_latency = s.write_latency.Snapshot();
   return stats;

@@ -85,6 +85,7 @@ class DataServer {
     uint64_t rejected_token = 0;
     uint64_t rejected_expired = 0;
     uint64_t rejected_ended = 0;  // the grant was ended by the master (or a new term)
+    uint64_t rejected_busy = 0;   // the range is busy with another grant's shm write
     uint64_t rejected_connection_cap = 0;  // connections refused: max_connections reached
     uint64_t closed_idle = 0;              // connections closed: idle or too slow
     uint64_t accept_errors = 0;            // accept failed (EMFILE, ...): backed off

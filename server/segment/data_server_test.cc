@@ -311,5 +311,56 @@ TEST_F(DataServerTest, AWholeWriteLeavesTheChecksumOfItsBytesForTheCommit) {
   ExpectStillServing();
 }
 
+// A shared-memory write (an intent) of a grant the master has since ended still holds its
+// range: a TCP write of the grant that reused the range is refused as busy (TRANSFER_FAIL,
+// nothing lands) until the intent is done; writes elsewhere are served meanwhile.
+TEST_F(DataServerTest, ATcpWriteIntoARangeBusyWithAnEndedGrantsShmWriteIsRefused) {
+  constexpr uint64_t kOffset = 16384, kLength = 4096;
+  auto header = [&](uint64_t grant, uint64_t offset, uint64_t id) {
+    return wire::RequestHeader{
+        .opcode = wire::Opcode::kWrite,
+        .request_id = id,
+        .offset = offset,
+        .length = kLength,
+        .token = wire::MintToken(secret_, wire::Opcode::kWrite, offset, kLength,
+                                 absl::Now() + absl::Minutes(1), grant)};
+  };
+  absl::StatusOr<std::shared_ptr<GrantTable::Write>> intent = server_->grants().BeginWrite(
+      header(0x51, kOffset, 0), absl::Now(), GrantTable::WriteKind::kShm);
+  ASSERT_TRUE(intent.ok()) << intent.status();
+  server_->grants().End(0x51, /*writes_only=*/false, absl::Now() + absl::Minutes(1));
+  std::memset(pool_->data() + kOffset, 'o', kLength);
+
+  const std::string payload(kLength, 'n');
+  int fd = Connect();
+  SendHeader(fd, header(0x52, kOffset, 7));
+  send(fd, payload.data(), payload.size(), MSG_NOSIGNAL);  // may meet the close
+  std::string reason;
+  wire::ResponseHeader answer = Response(fd, &reason);
+  EXPECT_EQ(answer.status, v1::TRANSFER_FAIL) << reason;
+  EXPECT_NE(reason.find("busy"), std::string::npos) << reason;
+  close(fd);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(pool_->data()) + kOffset, kLength),
+            std::string(kLength, 'o'));
+  EXPECT_EQ(server_->stats().rejected_busy, 1u);
+
+  // Next to it, served.
+  fd = Connect();
+  SendHeader(fd, header(0x53, kOffset + kLength, 8));
+  SendBytes(fd, payload.data(), payload.size());
+  EXPECT_EQ(Response(fd).status, 0);
+  close(fd);
+
+  // Once the late writer is done, the range takes the new grant's write.
+  server_->grants().EndWrite(*intent);
+  fd = Connect();
+  SendHeader(fd, header(0x52, kOffset, 9));
+  SendBytes(fd, payload.data(), payload.size());
+  EXPECT_EQ(Response(fd).status, 0);
+  close(fd);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(pool_->data()) + kOffset, kLength), payload);
+  ExpectStillServing();
+}
+
 }  // namespace
 }  // namespace kvpool::segment

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "proto/capability.h"
 
 namespace kvpool::segment {
@@ -99,14 +100,39 @@ void GrantTable::CutReadsLocked(bool all, uint64_t grant) {
 }
 
 absl::StatusOr<std::shared_ptr<GrantTable::Write>> GrantTable::BeginWrite(
-    const wire::RequestHeader& request, absl::Time now) {
+    const wire::RequestHeader& request, absl::Time now, WriteKind kind) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status checked = CheckLocked(request, now); !checked.ok()) return checked;
+  const bool shm = kind == WriteKind::kShm;
+  if (absl::Status checked = CheckLocked(request, now); !checked.ok()) {
+    if (shm) ++shm_refused_;
+    return checked;
+  }
   uint64_t grant = require_token_ ? wire::TokenGrant(request.token) : 0;
+  // A shared-memory write of another grant (or of an earlier term, whose grant numbers may
+  // repeat) may still be copying into this range: nothing else may write there until it is
+  // done, or the two would mix.
+  for (const Write* busy : shm_writes_) {
+    bool same = busy->grant_ == grant && busy->term_ == term_;
+    bool overlaps = busy->offset_ < request.offset + request.length &&
+                    request.offset < busy->offset_ + busy->length_;
+    if (!same && overlaps) {
+      ++busy_refused_;
+      if (shm) ++shm_refused_;
+      return absl::UnavailableError(absl::StrCat(
+          "range [", request.offset, ", +", request.length,
+          ") is busy: a shared-memory write of an ended grant (or of another grant) is still "
+          "copying into it; put again"));
+    }
+  }
   absl::Time expiry = require_token_ ? wire::TokenExpiry(request.token) : absl::InfiniteFuture();
-  std::shared_ptr<Write> write(
-      new Write(grant, expiry, ++next_write_seq_, /*alone=*/!writes_.contains(grant)));
+  std::shared_ptr<Write> write(new Write(grant, term_, request.offset, request.length, shm,
+                                         expiry, ++next_write_seq_,
+                                         /*alone=*/!writes_.contains(grant)));
   writes_.emplace(grant, write);
+  if (shm) {
+    shm_writes_.insert(write.get());
+    ++shm_begun_;
+  }
   if (grant != 0) {
     Written& written = written_[grant];
     written.last_begun = write->seq_;
@@ -119,12 +145,17 @@ void GrantTable::EndWrite(const std::shared_ptr<Write>& write, std::optional<Lan
   absl::MutexLock lock(&mu_);
   const uint64_t grant = write->grant();
   auto [first, last] = writes_.equal_range(grant);
+  bool found = false;
   for (auto it = first; it != last; ++it) {
     if (it->second == write) {
       writes_.erase(it);
+      found = true;
       break;
     }
   }
+  if (!found) return;  // ended twice
+  shm_writes_.erase(write.get());
+  if (write->orphaned_ || write->term_ != term_) return;  // ended (End, NewTerm)
   auto written = written_.find(grant);
   if (written == written_.end()) return;  // the grant's writes ended (End)
   if (landed && write->alone_ && written->second.last_begun == write->seq_ &&
@@ -150,7 +181,14 @@ std::optional<GrantTable::Landed> GrantTable::End(uint64_t grant, bool writes_on
     it->second.until = std::max(it->second.until, until);
   }
   auto [first, last] = writes_.equal_range(grant);
-  for (auto write = first; write != last; ++write) write->second->End();
+  bool deferred = false;
+  for (auto write = first; write != last; ++write) {
+    if (write->second->term_ != term_) continue;  // the same number in an earlier term
+    write->second->orphaned_ = true;
+    deferred = deferred || write->second->shm_;
+    write->second->End();
+  }
+  if (deferred) ++deferred_ends_;
   if (!writes_only && !reads_.empty()) CutReadsLocked(/*all=*/false, grant);
   if (++ends_since_prune_ >= kPruneEvery || ended_.size() > max_ended_) {
     PruneLocked(absl::Now());
@@ -186,7 +224,14 @@ void GrantTable::NewTerm(std::string secret) {
   ended_.clear();  // tokens of the old term no longer verify at all
   refused_through_ = absl::InfinitePast();
   written_.clear();
-  for (auto& [grant, write] : writes_) write->End();
+  ++term_;
+  bool deferred = false;
+  for (auto& [grant, write] : writes_) {
+    write->orphaned_ = true;
+    deferred = deferred || write->shm_;
+    write->End();
+  }
+  if (deferred) ++deferred_ends_;
   // Every read in flight is cut but those that verified under the new secret (prepared):
   // they are of this term now, cut when it ends their grant.
   absl::erase_if(reads_, [&](auto& entry) {
@@ -233,6 +278,40 @@ size_t GrantTable::reads_in_flight() const {
 uint64_t GrantTable::reads_cut() const {
   absl::ReaderMutexLock lock(&mu_);
   return reads_cut_;
+}
+
+uint64_t GrantTable::shm_writes_begun() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return shm_begun_;
+}
+
+uint64_t GrantTable::shm_writes_refused() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return shm_refused_;
+}
+
+size_t GrantTable::shm_writes_in_flight() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return shm_writes_.size();
+}
+
+uint64_t GrantTable::busy_refused() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return busy_refused_;
+}
+
+uint64_t GrantTable::deferred_ends() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return deferred_ends_;
+}
+
+uint64_t GrantTable::busy_bytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t bytes = 0;
+  for (const Write* write : shm_writes_) {
+    if (write->orphaned_) bytes += write->length_;
+  }
+  return bytes;
 }
 
 size_t GrantTable::writes_in_flight() const {

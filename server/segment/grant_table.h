@@ -12,9 +12,18 @@
 // expires or the term changes lands no further byte: its payload is moved into the pool only
 // through Write::Land, which End waits out.
 //
+// Shared-memory writes (write intents, docs/semantics.md "Grants") are begun here with the
+// same checks, but the segment cannot stop a memcpy once it began: such a write is not cut
+// when its grant ends or a new term starts. It holds its range until the client says it is
+// done (EndWrite) or its connection closes, and until then every other write into that range
+// (TCP or shared memory, of another grant or term) is refused (Unavailable), so a range the
+// master reused is never written by two grants and the new object is never committed over a
+// late write: its writer is refused and puts again.
+//
 // A write that landed its whole payload, hashed as it landed, leaves its checksum with the
 // table (EndWrite); the commit's End hands it back, so checking a TCP commit is a compare,
-// not a second pass over the range. Thread-safe.
+// not a second pass over the range. A shared-memory write done over its whole range leaves
+// its range (unhashed). Thread-safe.
 
 #include <cstdint>
 #include <functional>
@@ -25,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -42,26 +52,44 @@ class GrantTable {
     // its token unexpired; false, and nothing runs, once either is over (for good).
     bool Land(absl::FunctionRef<void()> land) ABSL_LOCKS_EXCLUDED(mu_);
     uint64_t grant() const { return grant_; }
+    uint64_t offset() const { return offset_; }
+    uint64_t length() const { return length_; }
 
    private:
     friend class GrantTable;
-    Write(uint64_t grant, absl::Time expiry, uint64_t seq, bool alone)
-        : grant_(grant), expiry_(expiry), seq_(seq), alone_(alone) {}
+    Write(uint64_t grant, uint64_t term, uint64_t offset, uint64_t length, bool shm,
+          absl::Time expiry, uint64_t seq, bool alone)
+        : grant_(grant), term_(term), offset_(offset), length_(length), shm_(shm),
+          expiry_(expiry), seq_(seq), alone_(alone) {}
     void End() ABSL_LOCKS_EXCLUDED(mu_);
 
     const uint64_t grant_;
+    const uint64_t term_;  // GrantTable's count of terms when it began
+    const uint64_t offset_;
+    const uint64_t length_;
+    const bool shm_;  // a shared-memory write: not cut by End, holds its range until EndWrite
     const absl::Time expiry_;
     const uint64_t seq_;  // the order in which writes began
     const bool alone_;    // no other write of the grant was in flight when it began
     absl::Mutex mu_;
     bool ended_ ABSL_GUARDED_BY(mu_) = false;
+    // Its grant ended (or a new term began) while it was in flight: the range it holds may
+    // have been given to someone else. Guarded by the table's mu_.
+    bool orphaned_ = false;
   };
+
+  // Who moves a write's bytes: the data server (TCP, through Write::Land) or the client
+  // itself through its mapping of the pool (shared memory).
+  enum class WriteKind { kTcp, kShm };
 
   // What one write landed: its whole range and the checksum of the bytes as they landed.
   struct Landed {
     uint64_t offset = 0;
     uint64_t length = 0;
     uint64_t checksum = 0;
+    // False for a shared-memory write, which says it wrote its range but whose bytes the
+    // segment never saw: `checksum` means nothing then.
+    bool hashed = true;
   };
 
   // Ended grants remembered at most, by default (about 64 bytes each).
@@ -91,9 +119,13 @@ class GrantTable {
   absl::StatusOr<uint64_t> BeginRead(const wire::RequestHeader& request, absl::Time now,
                                      std::function<void()> cut) ABSL_LOCKS_EXCLUDED(mu_);
   void EndRead(uint64_t read) ABSL_LOCKS_EXCLUDED(mu_);
-  // The same checks for a write; the write stays in flight until EndWrite.
+  // The same checks for a write; the write stays in flight until EndWrite. Also Unavailable
+  // if its range overlaps a shared-memory write in flight of another grant or term (the
+  // range is busy: the caller should put again). A kShm write is never cut (see above).
   absl::StatusOr<std::shared_ptr<Write>> BeginWrite(const wire::RequestHeader& request,
-                                                    absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+                                                    absl::Time now,
+                                                    WriteKind kind = WriteKind::kTcp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // `landed`: the write landed all of its payload (through Land) and these are its bytes'
   // checksum. Kept for the grant's End only if no other write of the grant overlapped this
   // one (in flight when it began, or begun since) and the grant's writes have not ended; any
@@ -103,7 +135,9 @@ class GrantTable {
                 std::optional<Landed> landed = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends `grant` (its writes only, or reads too) until `until`, when no token of it is valid
-  // any more. Returns once no write of it can land another byte, with what its last write
+  // any more. Returns once no TCP write of it can land another byte (a shared-memory write
+  // of it still in flight keeps its range busy until it is done: a deferred end, counted,
+  // never waited for), with what its last write
   // landed if that write is the last change to the range made through this table (see
   // EndWrite); nullopt if none did (nothing, part or several writes landed, or the bytes came
   // by shared memory or RDMA, which this table does not see).
@@ -117,7 +151,8 @@ class GrantTable {
   void PrepareTerm(std::string next_secret) ABSL_LOCKS_EXCLUDED(mu_);
   // A new term: tokens verify under `secret` only from now on, and every write in flight
   // ends, as does every read in flight but those already verified under `secret` (by
-  // PrepareTerm). Returns once none can land another byte.
+  // PrepareTerm). Returns once no TCP write can land another byte (shared-memory writes in
+  // flight keep their ranges busy until done, as for End).
   void NewTerm(std::string secret) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::string secret() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -131,6 +166,16 @@ class GrantTable {
   size_t grants_written() const ABSL_LOCKS_EXCLUDED(mu_);
   // Ended grants forgotten before their tokens expired because the table was full.
   uint64_t ended_overflowed() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Shared-memory writes (intents): begun, refused at begin (any reason), in flight now.
+  uint64_t shm_writes_begun() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t shm_writes_refused() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t shm_writes_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes (any kind) refused because their range was busy with another grant's
+  // shared-memory write; ends (End, NewTerm) that found a shared-memory write of the grant in
+  // flight and left its range busy; bytes held busy now by such writes of ended grants.
+  uint64_t busy_refused() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t deferred_ends() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t busy_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Ended {
@@ -167,6 +212,14 @@ class GrantTable {
   uint64_t reads_cut_ ABSL_GUARDED_BY(mu_) = 0;
   void CutReadsLocked(bool all, uint64_t grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t term_ ABSL_GUARDED_BY(mu_) = 0;  // NewTerm calls so far
+  // Shared-memory writes in flight (also in writes_). Few: one per write of a batch being
+  // copied, so a new write's overlap check scans them.
+  absl::flat_hash_set<Write*> shm_writes_ ABSL_GUARDED_BY(mu_);
+  uint64_t shm_begun_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t shm_refused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t busy_refused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t deferred_ends_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ends_since_prune_ ABSL_GUARDED_BY(mu_) = 0;
   // Tokens expiring at or before this are refused (grants forgotten past the cap).
   absl::Time refused_through_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -321,5 +321,110 @@ TEST(GrantTableLandedTest, AWriteEndingAfterItsGrantEndedOrANewTermLeavesNothing
   EXPECT_FALSE(grants.End(17, true, now + absl::Minutes(1)).has_value());
 }
 
+// Shared-memory writes (write intents): the segment cannot cut a memcpy, so an intent in
+// flight holds its range against every other grant's writes until it is done.
+wire::RequestHeader RangeRequest(const std::string& secret, uint64_t grant, uint64_t offset,
+                                 uint64_t length) {
+  wire::RequestHeader header;
+  header.opcode = wire::Opcode::kWrite;
+  header.offset = offset;
+  header.length = length;
+  header.token = wire::MintToken(secret, wire::Opcode::kWrite, offset, length,
+                                 absl::Now() + absl::Minutes(1), grant);
+  return header;
+}
+
+TEST(GrantTableShmTest, AnIntentOfAnEndedGrantHoldsItsRangeUntilDone) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  auto intent = grants.BeginWrite(RangeRequest(secret, 7, 4096, 512), now,
+                                  GrantTable::WriteKind::kShm);
+  ASSERT_TRUE(intent.ok()) << intent.status();
+  EXPECT_EQ(grants.shm_writes_in_flight(), 1u);
+  // The master reclaims grant 7 and hands part of its range to grant 8: End does not wait
+  // for the intent (it cannot be cut), and the range stays busy.
+  grants.End(7, /*writes_only=*/false, now + absl::Minutes(1));
+  EXPECT_EQ(grants.deferred_ends(), 1u);
+  EXPECT_EQ(grants.busy_bytes(), 512u);
+  EXPECT_EQ(grants.BeginWrite(RangeRequest(secret, 8, 4096 + 256, 4096), now).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(grants.BeginWrite(RangeRequest(secret, 8, 0, 4097), now,
+                              GrantTable::WriteKind::kShm).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(grants.busy_refused(), 2u);
+  // Next to the range, writes go on.
+  EXPECT_TRUE(grants.BeginWrite(RangeRequest(secret, 9, 4096 + 512, 512), now).ok());
+  EXPECT_TRUE(grants.BeginWrite(RangeRequest(secret, 10, 0, 4096), now).ok());
+  // Grant 7's writer wakes: a new intent of the ended grant is refused.
+  EXPECT_EQ(grants.BeginWrite(RangeRequest(secret, 7, 4096, 512), now,
+                              GrantTable::WriteKind::kShm).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Its intent done (or its connection closed), the range is free for grant 8.
+  grants.EndWrite(*intent, GrantTable::Landed{4096, 512, 0, /*hashed=*/false});
+  EXPECT_EQ(grants.busy_bytes(), 0u);
+  EXPECT_EQ(grants.shm_writes_in_flight(), 0u);
+  EXPECT_TRUE(grants.BeginWrite(RangeRequest(secret, 8, 4096 + 256, 4096), now).ok());
+  EXPECT_EQ(grants.shm_writes_begun(), 1u);
+  EXPECT_EQ(grants.shm_writes_refused(), 2u);
+}
+
+TEST(GrantTableShmTest, AnIntentOfAnEarlierTermHoldsItsRangeAgainstTheSameGrantNumber) {
+  std::string old_secret = wire::NewCapabilitySecret();
+  GrantTable grants(old_secret);
+  absl::Time now = absl::Now();
+  auto intent = grants.BeginWrite(RangeRequest(old_secret, 5, 0, 1024), now,
+                                  GrantTable::WriteKind::kShm);
+  ASSERT_TRUE(intent.ok());
+  // A new leader (new term) reuses the range, even under the same grant number.
+  std::string new_secret = wire::NewCapabilitySecret();
+  grants.NewTerm(new_secret);
+  EXPECT_EQ(grants.deferred_ends(), 1u);
+  EXPECT_EQ(grants.busy_bytes(), 1024u);
+  EXPECT_EQ(grants.BeginWrite(RangeRequest(new_secret, 5, 0, 1024), now).status().code(),
+            absl::StatusCode::kUnavailable);
+  // The old writer's late done leaves nothing for the new grant's commit.
+  grants.EndWrite(*intent, GrantTable::Landed{0, 1024, 0, /*hashed=*/false});
+  EXPECT_EQ(grants.busy_bytes(), 0u);
+  EXPECT_FALSE(grants.End(5, /*writes_only=*/true, now + absl::Minutes(1)).has_value());
+  EXPECT_TRUE(grants.BeginWrite(RangeRequest(new_secret, 6, 0, 1024), now).ok());
+}
+
+TEST(GrantTableShmTest, ADoneIntentOverItsWholeRangeHandsTheRangeToTheCommit) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  auto intent = grants.BeginWrite(RangeRequest(secret, 3, 8192, 4096), now,
+                                  GrantTable::WriteKind::kShm);
+  ASSERT_TRUE(intent.ok());
+  // Its own grant may write the range again (a retry), another grant may not.
+  grants.EndWrite(*intent, GrantTable::Landed{8192, 4096, 0, /*hashed=*/false});
+  std::optional<GrantTable::Landed> landed = grants.End(3, true, now + absl::Minutes(1));
+  ASSERT_TRUE(landed.has_value());
+  EXPECT_EQ(landed->offset, 8192u);
+  EXPECT_EQ(landed->length, 4096u);
+  EXPECT_FALSE(landed->hashed);
+  // An intent that was never done (its client went away) leaves nothing.
+  auto gone = grants.BeginWrite(RangeRequest(secret, 4, 0, 4096), now,
+                                GrantTable::WriteKind::kShm);
+  ASSERT_TRUE(gone.ok());
+  grants.EndWrite(*gone);
+  EXPECT_FALSE(grants.End(4, true, now + absl::Minutes(1)).has_value());
+  // An intent begun under an expired, forged or other term's token is refused.
+  wire::RequestHeader expired = RangeRequest(secret, 6, 0, 64);
+  expired.token = wire::MintToken(secret, wire::Opcode::kWrite, 0, 64,
+                                  absl::Now() - absl::Seconds(1), 6);
+  EXPECT_EQ(grants.BeginWrite(expired, now, GrantTable::WriteKind::kShm).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  wire::RequestHeader forged = RangeRequest(secret, 6, 0, 64);
+  forged.length = 65;
+  EXPECT_EQ(grants.BeginWrite(forged, now, GrantTable::WriteKind::kShm).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(grants.BeginWrite(RangeRequest(wire::NewCapabilitySecret(), 6, 0, 64), now,
+                              GrantTable::WriteKind::kShm).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(grants.shm_writes_refused(), 3u);
+}
+
 }  // namespace
 }  // namespace kvpool::segment

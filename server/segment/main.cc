@@ -62,6 +62,10 @@ ABSL_FLAG(bool, enable_test_hooks, false,
 ABSL_FLAG(bool, verify_commits, true,
           "Hash each committed range and refuse a commit whose bytes do not match its "
           "checksum (turn off only to measure what the check costs)");
+ABSL_FLAG(bool, hash_shm_commits, false,
+          "With --verify-commits, hash a range written through shared memory at commit too; "
+          "by default its writer's done write intent is the check (no CPU pass over the "
+          "bytes here; readers still verify checksums)");
 ABSL_FLAG(bool, require_token, true,
           "Serve only ranges granted by the master's capability tokens (turn off only in "
           "benchmarks of the raw data plane)");
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
     return Fail(group);
   }
   options.verify_commits = absl::GetFlag(FLAGS_verify_commits);
+  options.hash_shm_commits = absl::GetFlag(FLAGS_hash_shm_commits);
   options.print_mounts = true;
   options.on_drained = [] { kill(getpid(), SIGTERM); };
   absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =

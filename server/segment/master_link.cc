@@ -300,11 +300,20 @@ absl::Status MasterLink::Heartbeat() {
 bool MasterLink::HoldsBytes(const v1::ManifestRecord& record,
                             const std::optional<GrantTable::Landed>& landed) {
   // A TCP write hashed its bytes as they landed, and nothing has changed the range through
-  // the data plane since: a compare. Else (shared memory, RDMA, several or partial writes)
-  // the range is hashed now.
+  // the data plane since: a compare. A shared-memory write whose intent covered the range
+  // and was done: taken as written (or hashed, with hash_shm_commits). Else (nothing
+  // written, RDMA, several or partial writes) the range is hashed now.
   if (landed && landed->offset == record.offset() && landed->length == record.size()) {
-    commits_compared_.fetch_add(1, std::memory_order_relaxed);
-    return landed->checksum == record.checksum();
+    if (landed->hashed) {
+      commits_compared_.fetch_add(1, std::memory_order_relaxed);
+      return landed->checksum == record.checksum();
+    }
+    // Written in full by its own grant's shared-memory writer, accepted while the grant was
+    // open and alone in the range (GrantTable): no CPU pass over the bytes here.
+    if (!options_.hash_shm_commits) {
+      commits_by_intent_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
   }
   commits_hashed_.fetch_add(1, std::memory_order_relaxed);
   return options_.holds_bytes(record.offset(), record.size(), record.checksum());

@@ -65,6 +65,11 @@ struct MasterLinkOptions {
   // ranges the grant table has no landed checksum of (GrantTable::End): those written by
   // shared memory or RDMA, or not in one whole TCP write.
   std::function<bool(uint64_t offset, uint64_t size, uint64_t checksum)> holds_bytes;
+  // A range its grant's shared-memory writer said it wrote in full (a done write intent, no
+  // other write of the grant since) is taken as holding the writer's bytes without hashing
+  // it (readers still check the checksum), unless this is set: then it is hashed like a
+  // range nothing is known of. Only where holds_bytes is set.
+  bool hash_shm_commits = false;
 };
 
 class MasterLink {
@@ -92,6 +97,8 @@ class MasterLink {
   uint64_t commits_compared() const { return commits_compared_.load(); }
   uint64_t commits_hashed() const { return commits_hashed_.load(); }
   uint64_t commits_refused() const { return commits_refused_.load(); }
+  // Commits of shared-memory writes taken on their done intents, without hashing.
+  uint64_t commits_by_intent() const { return commits_by_intent_.load(); }
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -120,6 +127,7 @@ class MasterLink {
   std::atomic<bool> mounted_{false};
   std::atomic<uint64_t> mount_count_{0};
   std::atomic<uint64_t> commits_compared_{0}, commits_hashed_{0}, commits_refused_{0};
+  std::atomic<uint64_t> commits_by_intent_{0};
   // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t acked_seq_ = 0;

@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
     admission.socket_path = options.shm_socket == "auto"
                                 ? absl::StrCat("/tmp/kvpool-segment-", *port, ".sock")
                                 : options.shm_socket;
-    segment->shm_ = std::make_unique<ShmAdmission>(*segment->pool_, std::move(admission));
+    segment->shm_ = std::make_unique<ShmAdmission>(*segment->pool_, segment->server_->grants(),
+                                                   std::move(admission));
     if (absl::Status started = segment->shm_->Start(); !started.ok()) return started;
   }
   if (options.master_address.empty()) return segment;
@@ -71,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   link.incarnation = segment->incarnation_;
   link.print_mounts = options.print_mounts;
   link.on_drained = std::move(options.on_drained);
+  link.hash_shm_commits = options.hash_shm_commits;
   if (options.verify_commits) {
     link.holds_bytes = [pool = segment->pool_.get()](uint64_t offset, uint64_t size,
                                                      uint64_t checksum) {

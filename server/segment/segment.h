@@ -50,6 +50,9 @@ struct SegmentOptions {
   absl::Duration mount_timeout = absl::ZeroDuration();
   // Refuse a commit whose range does not hash to its checksum (MasterLinkOptions::holds_bytes).
   bool verify_commits = true;
+  // Hash a range written by shared memory at commit too, instead of taking its done write
+  // intent as the check (MasterLinkOptions::hash_shm_commits).
+  bool hash_shm_commits = false;
   // Print "kvpool-segment mounted ..." on stdout at every mount (the daemon's readiness line).
   bool print_mounts = false;
   std::function<void()> on_drained;

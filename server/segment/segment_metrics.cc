@@ -32,6 +32,7 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
                                std::pair{"token", tcp.rejected_token},
                                std::pair{"expired", tcp.rejected_expired},
                                std::pair{"grant_ended", tcp.rejected_ended},
+                               std::pair{"busy", tcp.rejected_busy},
                                std::pair{"connection_cap", tcp.rejected_connection_cap},
                                std::pair{"timeout", tcp.closed_idle}}) {
     families.Counter("kvpool_data_rejected_total", kRejected, static_cast<double>(count),
@@ -54,15 +55,45 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
                    "forced remove, eviction) or a new term began: no byte of a range leaves it "
                    "after the segment applied its end.",
                    static_cast<double>(segment.grants().reads_cut()));
+  const GrantTable& grants = segment.grants();
+  families.Counter("kvpool_shm_write_intents_total",
+                   "Shared-memory write intents, by result: begun (the client may copy), or "
+                   "refused (expired, forged, other term, grant ended, range busy).",
+                   static_cast<double>(grants.shm_writes_begun()), {{"result", "begun"}});
+  families.Counter("kvpool_shm_write_intents_total",
+                   "Shared-memory write intents, by result: begun (the client may copy), or "
+                   "refused (expired, forged, other term, grant ended, range busy).",
+                   static_cast<double>(grants.shm_writes_refused()), {{"result", "refused"}});
+  families.Gauge("kvpool_shm_write_intents_open", "Shared-memory writes being copied now.",
+                 static_cast<double>(grants.shm_writes_in_flight()));
+  families.Gauge("kvpool_shm_busy_bytes",
+                 "Bytes held busy by shared-memory writes still in flight whose grant ended "
+                 "(or whose term passed): no other write may land there until they are done.",
+                 static_cast<double>(grants.busy_bytes()));
+  families.Counter("kvpool_segment_deferred_grant_ends_total",
+                   "Grant ends (or new terms) that found a shared-memory write of the grant in "
+                   "flight and left its range busy until it is done.",
+                   static_cast<double>(grants.deferred_ends()));
+  families.Counter("kvpool_data_busy_refused_total",
+                   "Writes (TCP or shared memory) refused because their range was busy with "
+                   "another grant's shared-memory write.",
+                   static_cast<double>(grants.busy_refused()));
+  if (const ShmAdmission* shm = segment.shm(); shm != nullptr) {
+    families.Gauge("kvpool_shm_clients", "Admitted shared-memory clients connected now.",
+                   static_cast<double>(shm->connections()));
+  }
   if (const MasterLink* link = segment.link(); link != nullptr) {
     const char* kChecks =
         "Commits checked against their checksum (--verify-commits), by how: compared with the "
-        "checksum their TCP write was hashed to as it landed, or the range hashed at commit "
-        "(shared memory, RDMA).";
+        "checksum their TCP write was hashed to as it landed, taken on the done write intent of "
+        "their shared-memory writer, or the range hashed at commit (RDMA, partial writes, "
+        "--hash-shm-commits).";
     families.Counter("kvpool_segment_commit_checks_total", kChecks,
                      static_cast<double>(link->commits_compared()), {{"how", "compared"}});
     families.Counter("kvpool_segment_commit_checks_total", kChecks,
                      static_cast<double>(link->commits_hashed()), {{"how", "hashed"}});
+    families.Counter("kvpool_segment_commit_checks_total", kChecks,
+                     static_cast<double>(link->commits_by_intent()), {{"how", "intent"}});
     families.Counter("kvpool_segment_commits_refused_total",
                      "Commits refused: the range did not hold the bytes of the checksum.",
                      static_cast<double>(link->commits_refused()));

@@ -15,6 +15,7 @@
 #include <deque>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -78,8 +79,17 @@ absl::Status ParseAdmittedUids(absl::string_view text, ShmAdmissionOptions* opti
   return absl::OkStatus();
 }
 
-ShmAdmission::ShmAdmission(const MemoryPool& pool, ShmAdmissionOptions options)
-    : pool_(pool), options_(std::move(options)) {}
+// An admitted client's connection: its bytes not yet handled, and its open intents by id.
+struct ShmAdmission::Client {
+  int fd = -1;
+  pid_t pid = 0;
+  std::string in;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<GrantTable::Write>> intents;
+  uint64_t next_intent = 0;
+};
+
+ShmAdmission::ShmAdmission(const MemoryPool& pool, GrantTable& grants, ShmAdmissionOptions options)
+    : pool_(pool), grants_(grants), options_(std::move(options)) {}
 
 ShmAdmission::~ShmAdmission() { Stop(); }
 
@@ -165,9 +175,12 @@ void ShmAdmission::Loop() {
     close(pending[i].fd);
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
   };
+  // Admitted clients, whose intents are served here too.
+  std::vector<std::unique_ptr<Client>> clients;
   while (true) {
     std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     for (const Pending& peer : pending) fds.push_back({peer.fd, POLLIN, 0});
+    for (const auto& client : clients) fds.push_back({client->fd, POLLIN, 0});
     int timeout_ms = -1;
     if (!pending.empty()) {
       timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -175,6 +188,16 @@ void ShmAdmission::Loop() {
     }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
     if (fds[1].revents != 0) break;
+    // Messages of admitted clients (walk backwards: closed ones leave the list).
+    const size_t first_client = 2 + pending.size();
+    for (size_t i = clients.size(); i-- > 0;) {
+      if (fds[first_client + i].revents == 0) continue;
+      if (!Receive(*clients[i])) {
+        Close(*clients[i]);
+        clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+        connections_.store(clients.size());
+      }
+    }
     // Hellos that arrived (walk backwards: answered peers leave the list).
     for (size_t i = pending.size(); i-- > 0;) {
       if (fds[i + 2].revents == 0) continue;
@@ -187,8 +210,20 @@ void ShmAdmission::Loop() {
       }
       peer.got += static_cast<size_t>(n);
       if (peer.got == sizeof(peer.hello)) {
-        Serve(peer.fd, peer.hello);
-        drop(i);
+        if (Serve(peer.fd, peer.hello, clients.size())) {
+          auto client = std::make_unique<Client>();
+          client->fd = peer.fd;
+          ucred credentials{};
+          socklen_t length = sizeof(credentials);
+          if (getsockopt(peer.fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0) {
+            client->pid = credentials.pid;
+          }
+          clients.push_back(std::move(client));
+          connections_.store(clients.size());
+          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          drop(i);
+        }
       }
     }
     absl::Time now = absl::Now();
@@ -212,9 +247,11 @@ void ShmAdmission::Loop() {
     }
   }
   for (const Pending& peer : pending) close(peer.fd);
+  for (const auto& client : clients) Close(*client);
+  connections_.store(0);
 }
 
-void ShmAdmission::Serve(int fd, const uint8_t* hello) {
+bool ShmAdmission::Serve(int fd, const uint8_t* hello, size_t clients) {
   wire::ShmAnswer answer;
   ucred peer{};
   socklen_t length = sizeof(peer);
@@ -225,6 +262,10 @@ void ShmAdmission::Serve(int fd, const uint8_t* hello) {
     answer.status = v1::PERMISSION_DENIED;
     answer.reason = absl::StrCat("uid ", peer.uid, " (gid ", peer.gid,
                                  ") is not admitted to this segment's shared memory");
+  } else if (clients >= options_.max_connections) {
+    answer.status = v1::TRANSFER_FAIL;
+    answer.reason = absl::StrCat("this segment already has ", clients,
+                                 " shared-memory clients (the most it keeps)");
   } else {
     answer.pool_size = pool_.size();
     answer.incarnation = options_.incarnation;
@@ -234,7 +275,9 @@ void ShmAdmission::Serve(int fd, const uint8_t* hello) {
       admitted_.fetch_add(1);
       KVPOOL_LOG(INFO) << "admitted pid " << peer.pid << " (uid " << peer.uid << ", gid "
                        << peer.gid << ") to shared memory";
+      return true;
     }
+    return false;
   } else {
     refused_.fetch_add(1);
     // At most one line a second: a peer that connects in a loop costs a counter, not a log.
@@ -245,6 +288,120 @@ void ShmAdmission::Serve(int fd, const uint8_t* hello) {
     }
     SendWithFd(fd, wire::EncodeShmAnswer(answer), -1);
   }
+  return false;
+}
+
+bool ShmAdmission::Receive(Client& client) {
+  constexpr size_t kLargest =
+      wire::kShmMessageHeaderSize + wire::kShmMaxEntries * wire::kShmIntentEntrySize;
+  // Messages come one at a time (the client waits for each answer), so at most one is
+  // buffered; read what is there, then handle whole messages.
+  size_t had = client.in.size();
+  client.in.resize(had + kLargest);
+  ssize_t n = recv(client.fd, client.in.data() + had, kLargest, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    client.in.resize(had);
+    return true;
+  }
+  if (n <= 0) return false;  // the client closed its mapping, or its process is gone
+  client.in.resize(had + static_cast<size_t>(n));
+  size_t at = 0;
+  while (client.in.size() - at >= wire::kShmMessageHeaderSize) {
+    const uint8_t* message = reinterpret_cast<const uint8_t*>(client.in.data()) + at;
+    absl::StatusOr<wire::ShmMessageHeader> header = wire::DecodeShmMessageHeader(message);
+    if (!header.ok() || header->kind == wire::ShmMessageKind::kReply) {
+      protocol_errors_.fetch_add(1);
+      uint64_t suppressed = 0;
+      if (refusal_log_.Allow(&suppressed)) {
+        KVPOOL_LOG(WARNING) << "shared-memory client pid " << client.pid << " sent "
+                            << (header.ok() ? "an answer" : header.status().message())
+                            << "; closing its connection" << SuppressedNote(suppressed);
+      }
+      return false;
+    }
+    size_t size = wire::kShmMessageHeaderSize + header->body_size;
+    if (client.in.size() - at < size) break;
+    if (!Handle(client, message, size)) return false;
+    at += size;
+  }
+  client.in.erase(0, at);
+  if (client.in.size() > kLargest) return false;
+  return true;
+}
+
+bool ShmAdmission::Handle(Client& client, const uint8_t* message, size_t size) {
+  absl::StatusOr<wire::ShmMessageHeader> header = wire::DecodeShmMessageHeader(message);
+  absl::Span<const uint8_t> body(message + wire::kShmMessageHeaderSize,
+                                 size - wire::kShmMessageHeaderSize);
+  std::vector<wire::ShmReply> replies;
+  if (header->kind == wire::ShmMessageKind::kIntents) {
+    absl::StatusOr<std::vector<wire::ShmIntent>> intents = wire::DecodeShmIntents(*header, body);
+    if (!intents.ok()) return false;
+    absl::Time now = absl::Now();
+    for (const wire::ShmIntent& intent : *intents) {
+      wire::ShmReply& reply = replies.emplace_back();
+      if (!pool_.Contains(intent.offset, intent.length)) {
+        reply.status = v1::INVALID_WRITE;
+        continue;
+      }
+      if (client.intents.size() >= options_.max_intents_per_connection) {
+        reply.status = v1::INVALID_PARAMS;
+        continue;
+      }
+      wire::RequestHeader request;
+      request.opcode = wire::Opcode::kWrite;
+      request.offset = intent.offset;
+      request.length = intent.length;
+      request.token = intent.token;
+      absl::StatusOr<std::shared_ptr<GrantTable::Write>> write =
+          grants_.BeginWrite(request, now, GrantTable::WriteKind::kShm);
+      if (write.ok()) {
+        reply.intent = ++client.next_intent;
+        client.intents.emplace(reply.intent, *std::move(write));
+        continue;
+      }
+      switch (write.status().code()) {
+        case absl::StatusCode::kDeadlineExceeded:
+          reply.status = v1::LEASE_EXPIRED;
+          break;
+        case absl::StatusCode::kUnavailable:
+          reply.status = v1::TRANSFER_FAIL;  // the range is busy: put again
+          break;
+        default:
+          reply.status = v1::PERMISSION_DENIED;  // forged, other term, grant ended
+      }
+    }
+  } else {
+    absl::StatusOr<std::vector<uint64_t>> ids = wire::DecodeShmDone(*header, body);
+    if (!ids.ok()) return false;
+    for (uint64_t id : *ids) {
+      wire::ShmReply& reply = replies.emplace_back();
+      reply.intent = id;
+      auto it = client.intents.find(id);
+      if (it == client.intents.end()) {
+        reply.status = v1::INVALID_PARAMS;
+        continue;
+      }
+      const std::shared_ptr<GrantTable::Write>& write = it->second;
+      grants_.EndWrite(write, GrantTable::Landed{.offset = write->offset(),
+                                                 .length = write->length(),
+                                                 .hashed = false});
+      client.intents.erase(it);
+    }
+  }
+  // The answer fits the socket's buffer unless the client sends without reading: then it is
+  // cut off rather than waited for.
+  std::string answer = wire::EncodeShmReplies(replies);
+  return send(client.fd, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL) ==
+         static_cast<ssize_t>(answer.size());
+}
+
+void ShmAdmission::Close(Client& client) {
+  // Its process closed the mapping or is gone: nothing copies into these ranges any more.
+  for (auto& [id, write] : client.intents) grants_.EndWrite(write);
+  client.intents.clear();
+  close(client.fd);
+  client.fd = -1;
 }
 
 }  // namespace kvpool::segment

@@ -8,9 +8,16 @@
 // the reason (and use TCP). The socket file is reachable only by the owner (and the allowed
 // group): mode 0600, or 0660 with a group, 0666 only for `any_uid`.
 //
-// Handshakes are multiplexed on one thread, each on its own deadline (handshake_timeout):
-// a silent peer delays nobody else. A socket path that a live segment still answers on is
-// not taken over: Start fails. Owns one thread. Thread-safe.
+// An admitted client keeps its connection for as long as it has the pool mapped and fences
+// its writes on it with write intents (proto/shm_handshake.h): each is checked by `grants`
+// as a TCP write's header would be (GrantTable::BeginWrite, WriteKind::kShm) and, once
+// accepted, holds its range until the client says it is done or the connection closes (the
+// process exited or was killed). Admitted connections have no idle timeout.
+//
+// Handshakes and intents are multiplexed on one thread, each handshake on its own deadline
+// (handshake_timeout): a silent peer delays nobody else; no call on that thread blocks (a
+// client that does not read its answers is cut off). A socket path that a live segment
+// still answers on is not taken over: Start fails. Owns one thread. Thread-safe.
 //
 // An admitted client can read and write the whole pool: admit only uids trusted like the
 // segment itself (by default its own uid and root).
@@ -27,6 +34,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/log_limiter.h"
+#include "server/segment/grant_table.h"
 #include "server/segment/memory_pool.h"
 
 namespace kvpool::segment {
@@ -46,6 +54,11 @@ struct ShmAdmissionOptions {
   size_t max_pending = 1024;
   // The segment's incarnation, told to admitted clients.
   uint64_t incarnation = 0;
+  // Admitted connections kept at most (a client process has one per segment); past it new
+  // clients are refused (and use TCP).
+  size_t max_connections = 4096;
+  // Intents one connection may hold open at once; more are refused.
+  size_t max_intents_per_connection = 1 << 16;
 };
 
 // Parses a group name or number for ShmAdmissionOptions::group ("" leaves it unset).
@@ -57,7 +70,8 @@ absl::Status ParseAdmittedUids(absl::string_view text, ShmAdmissionOptions* opti
 
 class ShmAdmission {
  public:
-  ShmAdmission(const MemoryPool& pool, ShmAdmissionOptions options);
+  // `pool` and `grants` must outlive it.
+  ShmAdmission(const MemoryPool& pool, GrantTable& grants, ShmAdmissionOptions options);
   ~ShmAdmission();
   ShmAdmission(const ShmAdmission&) = delete;
   ShmAdmission& operator=(const ShmAdmission&) = delete;
@@ -70,14 +84,26 @@ class ShmAdmission {
   const std::string& socket_path() const { return options_.socket_path; }
   uint64_t admitted() const { return admitted_.load(); }
   uint64_t refused() const { return refused_.load(); }
+  // Admitted clients connected now; their connections cut for a protocol error.
+  uint64_t connections() const { return connections_.load(); }
+  uint64_t protocol_errors() const { return protocol_errors_.load(); }
 
  private:
+  struct Client;
   void Loop();
-  // Answers a peer whose hello arrived.
-  void Serve(int fd, const uint8_t* hello);
+  // Answers a peer whose hello arrived; true if it was admitted (and keeps the connection).
+  bool Serve(int fd, const uint8_t* hello, size_t clients);
   bool Admits(const ucred& peer) const;
+  // Reads what an admitted client sent and answers its complete messages; false if the
+  // connection is to be closed (closed by the peer, or a protocol error).
+  bool Receive(Client& client);
+  // Handles one message; false for a protocol error.
+  bool Handle(Client& client, const uint8_t* message, size_t size);
+  // Ends every intent of a closing client.
+  void Close(Client& client);
 
   const MemoryPool& pool_;
+  GrantTable& grants_;
   const ShmAdmissionOptions options_;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd that wakes the loop
@@ -85,6 +111,8 @@ class ShmAdmission {
   std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> timed_out_{0};
+  std::atomic<uint64_t> connections_{0};
+  std::atomic<uint64_t> protocol_errors_{0};
   LogLimiter refusal_log_;
 
  public:

@@ -161,6 +161,11 @@ struct LocalReservation {
   // hashing the blocks it gathers): BatchCommitLocal records it as given and does not hash the
   // pool memory. Nullopt: BatchCommitLocal hashes data[0, size) itself.
   std::optional<uint64_t> checksum;
+  // The segment's data-plane endpoint, and the write intent that lets this process write
+  // data[0, size) (the segment refuses other writes into the range until it is committed
+  // or abandoned).
+  std::string endpoint;
+  uint64_t write_intent = 0;
 };
 
 // A pool this process has mapped, e.g. to register with a GPU driver (cudaHostRegister) so
@@ -300,9 +305,11 @@ class Client {
   // absent; FailedPrecondition if no replica is on a segment this process can map.
   std::vector<absl::StatusOr<LocalValue>> BatchGetLocal(absl::Span<const std::string> keys,
                                                         absl::Time* lease_expiry);
-  // Reserves space for each key on a segment of this machine (one replica). AlreadyExists and
-  // ResourceExhausted as for BatchPut; FailedPrecondition if the space could only be found on
-  // another machine (nothing is reserved then).
+  // Reserves space for each key on a segment of this machine (one replica), with a write
+  // intent the segment accepted (the range is this caller's to fill until it commits or
+  // abandons). AlreadyExists and ResourceExhausted as for BatchPut; FailedPrecondition if the
+  // space could only be found on another machine, and the segment's refusal of the intent
+  // (e.g. TRANSFER_FAIL: the range is busy, put again) otherwise (nothing is reserved then).
   std::vector<absl::StatusOr<LocalReservation>> BatchReserveLocal(
       absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
       const PutOptions& options = {});
@@ -339,6 +346,8 @@ class Client {
   friend class ClientMetrics;
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  // Tells the segments that these reservations' writes are done (their write intents).
+  void EndLocalWrites(absl::Span<const LocalReservation> reservations);
   std::unique_ptr<Impl> impl_;
 };
 
