@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -163,7 +164,20 @@ struct Client::Impl {
   // Copies the objects of a draining segment as the master planned them: reads each from its
   // source into `buffer`, checks its checksum, writes it to its destination. Whether each
   // copy was made, in order.
-  std::vector<bool> CopyMigrations(const v1::MigrateStartResponse& batch, std::string& buffer);
+  std::vector<bool> CopyMigrations(const google::protobuf::RepeatedPtrField<v1::Migration>& batch,
+                                   std::string& buffer);
+  // Maps the pools of this machine's segments (MapLocalPools), once per client, before the
+  // first placement or lease is asked for: mapping a large pool that its segment has not
+  // touched yet populates every page, which can take longer than a write grant or a lease
+  // lasts (30 s for 4 GiB on a loaded machine), so it must not happen between a placement
+  // and its bytes. Concurrent first callers wait for the one mapping.
+  void MapLocalPoolsOnce();
+  void MapLocalPools();
+  std::once_flag pools_mapped;
+  // ReplicaCopyStart's request for CopyReplica and CheckCopyReplica.
+  static v1::ReplicaCopyStartRequest CopyRequest(absl::string_view key,
+                                                 absl::Span<const std::string> targets,
+                                                 absl::string_view move_from);
 
   // Replica indices of `result`, those on this host first.
   std::vector<int> ReplicaOrder(const v1::GetResult& result);
@@ -297,6 +311,7 @@ std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) {
 
 absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
     absl::Span<const std::string> keys) {
+  MapLocalPoolsOnce();
   std::vector<Located> located(keys.size());
   std::vector<size_t> missing;
   // Cached locations being asked for again, by their position in `missing`.
@@ -529,6 +544,7 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   const size_t n = items.size();
   std::vector<absl::Status> results(n);
   if (n == 0) return results;
+  MapLocalPoolsOnce();
 
   // Pools of this machine's segments are mapped before any space is reserved: mapping (and
   // populating) a large pool can take longer than a reservation lasts, and a write whose
@@ -544,6 +560,9 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   if (options.prefer_local_segment) {
     start.set_preferred_host(local_host);
     start.set_preferred_machine_id(machine_id);
+  }
+  for (const std::string& segment : options.preferred_segments) {
+    start.add_preferred_segments(segment);
   }
   for (const PutItem& item : items) {
     start.add_keys(item.key);
@@ -876,6 +895,7 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
 
 std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const std::string> keys,
                                                               absl::Time* lease_expiry) {
+  impl_->MapLocalPoolsOnce();
   const size_t n = keys.size();
   v1::BatchGetReplicaListRequest request;
   for (const std::string& key : keys) request.add_keys(key);
@@ -913,6 +933,7 @@ std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const s
 std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
     absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
     const PutOptions& options) {
+  impl_->MapLocalPoolsOnce();
   const size_t n = keys.size();
   if (sizes.size() != n) {
     return std::vector<absl::StatusOr<LocalReservation>>(
@@ -1066,15 +1087,22 @@ std::vector<MappedPool> Client::MappedPools() {
   return pools;
 }
 
-void Client::MapLocalPools() {
+void Client::MapLocalPools() { impl_->MapLocalPools(); }
+
+void Client::Impl::MapLocalPools() {
   absl::StatusOr<v1::GetClusterStatusResponse> status =
-      impl_->master.GetClusterStatus(v1::GetClusterStatusRequest());
+      master.GetClusterStatus(v1::GetClusterStatusRequest());
   if (!status.ok()) return;
   for (const v1::SegmentStatus& segment : status->segments()) {
-    if (segment.machine_id() == impl_->machine_id && !segment.shm_socket().empty()) {
-      impl_->transport->LocalPool(segment.endpoint(), /*incarnation=*/0);
+    if (segment.machine_id() == machine_id && !segment.shm_socket().empty()) {
+      transport->LocalPool(segment.endpoint(), /*incarnation=*/0);
     }
   }
+}
+
+void Client::Impl::MapLocalPoolsOnce() {
+  if (options.transport == TransportKind::kTcp) return;  // no shared memory
+  std::call_once(pools_mapped, [this] { MapLocalPools(); });
 }
 
 absl::Status Client::RegisterMemory(void* addr, size_t length) {
@@ -1106,7 +1134,7 @@ absl::StatusOr<DrainReport> Client::DrainSegment(absl::string_view name,
       absl::SleepFor(absl::Milliseconds(100));
       continue;
     }
-    std::vector<bool> copied = impl_->CopyMigrations(*batch, buffer);
+    std::vector<bool> copied = impl_->CopyMigrations(batch->migrations(), buffer);
     v1::MigrateEndRequest end;
     for (int i = 0; i < batch->migrations_size(); ++i) {
       v1::MigrateEndItem* item = end.add_items();
@@ -1131,12 +1159,90 @@ absl::StatusOr<DrainReport> Client::DrainSegment(absl::string_view name,
   }
 }
 
-std::vector<bool> Client::Impl::CopyMigrations(const v1::MigrateStartResponse& batch,
-                                               std::string& buffer) {
-  const int n = batch.migrations_size();
+v1::ReplicaCopyStartRequest Client::Impl::CopyRequest(absl::string_view key,
+                                                     absl::Span<const std::string> targets,
+                                                     absl::string_view move_from) {
+  v1::ReplicaCopyStartRequest request;
+  request.set_key(std::string(key));
+  for (const std::string& target : targets) request.add_targets(target);
+  request.set_source(std::string(move_from));
+  request.set_move(!move_from.empty());
+  return request;
+}
+
+absl::Status Client::CheckCopyReplica(absl::string_view key, absl::Span<const std::string> targets,
+                                      absl::string_view move_from) {
+  v1::ReplicaCopyStartRequest request = Impl::CopyRequest(key, targets, move_from);
+  request.set_dry_run(true);
+  absl::StatusOr<v1::ReplicaCopyStartResponse> answer = impl_->master.ReplicaCopyStart(request);
+  if (!answer.ok()) return answer.status();
+  return FromErrorCode(answer->code(), answer->message());
+}
+
+absl::Status Client::CopyReplica(absl::string_view key, absl::Span<const std::string> targets,
+                                 absl::string_view move_from) {
+  const v1::ReplicaCopyStartRequest request = Impl::CopyRequest(key, targets, move_from);
+  // Another copy of the object in flight (another task, a drain) is waited for this long.
+  const absl::Time give_up = absl::Now() + impl_->options.transfer_timeout;
+  std::string buffer;
+  absl::Status done = absl::OkStatus();
+  while (true) {
+    absl::StatusOr<v1::ReplicaCopyStartResponse> answer = impl_->master.ReplicaCopyStart(request);
+    if (!answer.ok()) {
+      done = answer.status();
+      break;
+    }
+    if (answer->code() == v1::OBJECT_ALREADY_EXISTS) {
+      // Every target holds a replica. A move whose target had one already only drops the
+      // source's (forced: a reader's lease keeps the range from reuse until it ends).
+      if (!move_from.empty()) done = BatchDropReplicas({std::string(key)}, move_from, true)[0];
+      break;
+    }
+    if (answer->code() == v1::OBJECT_HAS_LEASE && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
+    }
+    if (answer->code() != v1::OK) {
+      done = FromErrorCode(answer->code(), answer->message());
+      break;
+    }
+    const v1::Migration& migration = answer->migration();
+    google::protobuf::RepeatedPtrField<v1::Migration> one;
+    *one.Add() = migration;
+    const bool copied = impl_->CopyMigrations(one, buffer)[0];
+    v1::MigrateEndRequest end;
+    v1::MigrateEndItem* item = end.add_items();
+    item->set_key(std::string(key));
+    item->set_migration_id(migration.migration_id());
+    item->set_copied(copied);
+    absl::StatusOr<v1::MigrateEndResponse> ended = impl_->master.ReplicaCopyEnd(end);
+    if (ended.ok() && ended->results_size() != 1) ended = CountMismatch(ended->results_size(), 1);
+    if (!ended.ok()) {
+      done = ended.status();
+      break;
+    }
+    if (!copied) {
+      done = ErrorStatus(v1::TRANSFER_FAIL,
+                         absl::StrCat("the copy could not be read from segment ",
+                                      migration.source().segment_name(), " (or did not match "
+                                      "its checksum) or written to segment ",
+                                      migration.destination().segment_name()));
+      break;
+    }
+    done = FromErrorCode(ended->results(0).code(), ended->results(0).message());
+    if (!done.ok() || !move_from.empty()) break;
+  }
+  // This client's own cached location of the key may name a replica that is gone.
+  impl_->ForgetLocations({std::string(key)});
+  return done;
+}
+
+std::vector<bool> Client::Impl::CopyMigrations(
+    const google::protobuf::RepeatedPtrField<v1::Migration>& batch, std::string& buffer) {
+  const int n = batch.size();
   std::vector<bool> copied(n, false);
   uint64_t total = 0;
-  for (const v1::Migration& migration : batch.migrations()) total += migration.size();
+  for (const v1::Migration& migration : batch) total += migration.size();
   if (buffer.size() < total) buffer.resize(total);
   // One op per copy, for the read (from the source) or the write (to the destination).
   auto ops_for = [&](wire::Opcode opcode, const std::vector<bool>& wanted,
@@ -1144,7 +1250,7 @@ std::vector<bool> Client::Impl::CopyMigrations(const v1::MigrateStartResponse& b
     std::vector<TransferOp> ops;
     uint64_t offset = 0;
     for (int i = 0; i < n; ++i) {
-      const v1::Migration& migration = batch.migrations(i);
+      const v1::Migration& migration = batch[i];
       const v1::Placement& placement =
           opcode == wire::Opcode::kRead ? migration.source() : migration.destination();
       char* bytes = buffer.data() + offset;
@@ -1163,7 +1269,7 @@ std::vector<bool> Client::Impl::CopyMigrations(const v1::MigrateStartResponse& b
   transport->Execute(absl::MakeSpan(reads), TransferDeadline());
   std::vector<bool> intact(n, false);
   for (size_t r = 0; r < reads.size(); ++r) {
-    const v1::Migration& migration = batch.migrations(readers[r]);
+    const v1::Migration& migration = batch[readers[r]];
     // A copy that does not match the checksum the writer gave would spread corruption.
     intact[readers[r]] = reads[r].status.ok() &&
                          (migration.checksum() == 0 ||

@@ -193,4 +193,14 @@ absl::StatusOr<v1::MigrateEndResponse> MasterClient::MigrateEnd(
   return Call(&v1::MasterService::Stub::MigrateEnd, request, rpc_timeout_);
 }
 
+absl::StatusOr<v1::ReplicaCopyStartResponse> MasterClient::ReplicaCopyStart(
+    const v1::ReplicaCopyStartRequest& request) {
+  return Call(&v1::MasterService::Stub::ReplicaCopyStart, request, rpc_timeout_);
+}
+
+absl::StatusOr<v1::MigrateEndResponse> MasterClient::ReplicaCopyEnd(
+    const v1::MigrateEndRequest& request) {
+  return Call(&v1::MasterService::Stub::ReplicaCopyEnd, request, rpc_timeout_);
+}
+
 }  // namespace kvpool::client

@@ -57,6 +57,9 @@ class MasterClient {
   absl::StatusOr<v1::DrainSegmentResponse> DrainSegment(const v1::DrainSegmentRequest& request);
   absl::StatusOr<v1::MigrateStartResponse> MigrateStart(const v1::MigrateStartRequest& request);
   absl::StatusOr<v1::MigrateEndResponse> MigrateEnd(const v1::MigrateEndRequest& request);
+  absl::StatusOr<v1::ReplicaCopyStartResponse> ReplicaCopyStart(
+      const v1::ReplicaCopyStartRequest& request);
+  absl::StatusOr<v1::MigrateEndResponse> ReplicaCopyEnd(const v1::MigrateEndRequest& request);
 
  private:
   template <typename Request, typename Response>

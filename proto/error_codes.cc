@@ -17,6 +17,7 @@ absl::StatusCode CanonicalFor(int32_t code) {
       return absl::StatusCode::kOk;
     case v1::OBJECT_NOT_FOUND:
     case v1::SEGMENT_NOT_FOUND:
+    case v1::TASK_NOT_FOUND:
       return absl::StatusCode::kNotFound;
     case v1::OBJECT_ALREADY_EXISTS:
     case v1::SEGMENT_ALREADY_EXISTS:
@@ -33,6 +34,7 @@ absl::StatusCode CanonicalFor(int32_t code) {
       return absl::StatusCode::kOutOfRange;
     case v1::REPLICA_IS_NOT_READY:
     case v1::OBJECT_HAS_LEASE:
+    case v1::UNAVAILABLE_IN_CURRENT_STATUS:
       return absl::StatusCode::kFailedPrecondition;
     case v1::LEASE_EXPIRED:
       return absl::StatusCode::kAborted;

@@ -150,6 +150,21 @@ const std::map<std::string, RpcCall>& AllRpcs() {
          v1::BatchDropReplicasResponse response;
          return stub.BatchDropReplicas(context, request, &response);
        }},
+      {"ReplicaCopyStart",
+       [](auto& stub, auto* context, const std::string&) {
+         v1::ReplicaCopyStartRequest request;
+         request.set_key("no-key-is-named-this");
+         request.add_targets("no-segment-is-named-this");
+         request.set_dry_run(true);
+         v1::ReplicaCopyStartResponse response;
+         return stub.ReplicaCopyStart(context, request, &response);
+       }},
+      {"ReplicaCopyEnd",
+       [](auto& stub, auto* context, const std::string&) {
+         v1::MigrateEndRequest request;
+         v1::MigrateEndResponse response;
+         return stub.ReplicaCopyEnd(context, request, &response);
+       }},
       {"RemoveAll",
        [](auto& stub, auto* context, const std::string&) {
          v1::RemoveAllRequest request;
@@ -274,6 +289,7 @@ TEST_F(AuthTest, EveryRoleAgainstEveryRpc) {
       {"BatchRemove", "A-A-"},    {"BatchDropReplicas", "A-A-"},   {"RemoveAll", "--A-"},
       {"DrainSegment", "--A-"},
       {"MigrateStart", "--A-"},   {"MigrateEnd", "--A-"},      {"GetClusterStatus", "AAAA"},
+      {"ReplicaCopyStart", "A-A-"}, {"ReplicaCopyEnd", "A-A-"},
   };
   const google::protobuf::ServiceDescriptor* service =
       v1::MountSegmentRequest::descriptor()->file()->FindServiceByName("MasterService");

@@ -12,6 +12,7 @@
 #include "engine_plugin/python/engine_bindings.h"
 #include "engine_plugin/python/gpu_bindings.h"
 #include "engine_plugin/python/store_bindings.h"
+#include "kvpool/client.h"
 #include "kvpool/v1/common.pb.h"
 
 namespace py = pybind11;
@@ -38,4 +39,7 @@ PYBIND11_MODULE(_kvpool, m) {
   m.attr("OBJECT_ALREADY_EXISTS") = static_cast<int>(kvpool::v1::OBJECT_ALREADY_EXISTS);
   m.attr("INVALID_PARAMS") = static_cast<int>(kvpool::v1::INVALID_PARAMS);
   m.attr("OBJECT_HAS_LEASE") = static_cast<int>(kvpool::v1::OBJECT_HAS_LEASE);
+  m.attr("TASK_NOT_FOUND") = static_cast<int>(kvpool::v1::TASK_NOT_FOUND);
+  m.def("error_code_name", &kvpool::ErrorCodeName, py::arg("code"),
+        "The name of a numeric code: \"NO_AVAILABLE_HANDLE\" for -200.");
 }

@@ -222,11 +222,13 @@ std::vector<int> BatchIsExist(PyStore& self, const std::vector<std::string>& key
 
 // PutOptions from the Python layer's arguments (kvpool.store.ReplicateConfig unpacked):
 // pin 0 none, 1 soft, 2 hard.
-PutOptions MakePutOptions(uint32_t replicas, int pin, bool prefer_local) {
+PutOptions MakePutOptions(uint32_t replicas, int pin, bool prefer_local,
+                          std::vector<std::string> preferred_segments = {}) {
   PutOptions options;
   options.replicas = replicas == 0 ? 1 : replicas;
   options.pin = pin == 2 ? PinMode::kHard : pin == 1 ? PinMode::kSoft : PinMode::kNone;
   options.prefer_local_segment = prefer_local;
+  options.preferred_segments = std::move(preferred_segments);
   return options;
 }
 
@@ -469,18 +471,22 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           [](PyStore& self, const std::vector<std::string>& keys,
              const std::vector<std::vector<uintptr_t>>& ptrs,
              const std::vector<std::vector<size_t>>& sizes, uint32_t replicas, int pin,
-             bool prefer_local) {
+             bool prefer_local, std::vector<std::string> preferred_segments) {
             std::optional<std::vector<PutItem>> items =
                 Items<PutItem, ConstBuffer>(keys, ptrs, sizes, "put");
             if (!items.has_value()) return std::vector<int>(keys.size(), kInvalidParams);
-            return PutWithOptions(self, *items, MakePutOptions(replicas, pin, prefer_local));
+            return PutWithOptions(self, *items,
+                                  MakePutOptions(replicas, pin, prefer_local,
+                                                 std::move(preferred_segments)));
           },
           py::arg("keys"), py::arg("ptrs"), py::arg("sizes"), py::arg("replicas") = 1,
-          py::arg("pin") = 0, py::arg("prefer_local") = false)
+          py::arg("pin") = 0, py::arg("prefer_local") = false,
+          py::arg("preferred_segments") = std::vector<std::string>{})
       .def(
           "_put_values",
           [](PyStore& self, const std::vector<std::string>& keys, const py::list& values,
-             uint32_t replicas, int pin, bool prefer_local) {
+             uint32_t replicas, int pin, bool prefer_local,
+             std::vector<std::string> preferred_segments) {
             if (keys.size() != values.size()) {
               return std::vector<int>(keys.size(), kInvalidParams);
             }
@@ -505,10 +511,13 @@ get returns the value or b"" on failure. Failures are logged with their reason.
                     ConstBuffer{views[j].buf, static_cast<size_t>(views[j].len)});
               }
             }
-            return PutWithOptions(self, items, MakePutOptions(replicas, pin, prefer_local));
+            return PutWithOptions(self, items,
+                                  MakePutOptions(replicas, pin, prefer_local,
+                                                 std::move(preferred_segments)));
           },
           py::arg("keys"), py::arg("values"), py::arg("replicas") = 1, py::arg("pin") = 0,
           py::arg("prefer_local") = false,
+          py::arg("preferred_segments") = std::vector<std::string>{},
           "Each value (bytes-like, C-contiguous, or a tuple of such parts, gathered without a "
           "copy) is stored whole; per key 0 or a code.")
       .def(
@@ -553,6 +562,24 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           },
           py::arg("keys"), py::arg("force") = false,
           "Per key 0 or a negative code (-704 absent, -706 leased and not force).")
+      .def(
+          "_copy_replica",
+          [](PyStore& self, const std::string& key, const std::vector<std::string>& targets,
+             const std::string& move_from, bool check_only) -> py::tuple {
+            std::shared_ptr<Store> store = self.store;
+            std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
+            absl::Status status = NotSetUp();
+            if (client != nullptr) {
+              py::gil_scoped_release release;
+              status = check_only ? client->CheckCopyReplica(key, targets, move_from)
+                                  : client->CopyReplica(key, targets, move_from);
+            }
+            return py::make_tuple(ToErrorCode(status), std::string(status.message()));
+          },
+          py::arg("key"), py::arg("targets"), py::arg("move_from") = "",
+          py::arg("check_only") = false,
+          "Client::CopyReplica (or only its checks): (0 or a negative code, message). Blocks "
+          "until the copy or move is made; the GIL is released meanwhile.")
       .def(
           "_drop_replicas",
           [](PyStore& self, const std::vector<std::string>& keys, const std::string& segment,

@@ -73,6 +73,9 @@ Rule RuleFor(Rpc rpc, Role role) {
     case Rpc::kBatchExist:
     case Rpc::kBatchRemove:
     case Rpc::kBatchDropReplicas:
+    // Copy and move tasks: a new replica of one of the caller's objects on a named segment.
+    case Rpc::kReplicaCopyStart:
+    case Rpc::kReplicaCopyEnd:
       row = {A, D, A, D};
       break;
     // The whole pool.

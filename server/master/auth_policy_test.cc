@@ -27,6 +27,7 @@ const std::map<std::string, std::string>& ExpectedTable() {
       {"BatchPutRevoke", "A-A-"},      {"BatchGetReplicaList", "A-A-"},
       {"BatchExist", "A-A-"},          {"BatchRemove", "A-A-"},
       {"BatchDropReplicas", "A-A-"},
+      {"ReplicaCopyStart", "A-A-"},    {"ReplicaCopyEnd", "A-A-"},
       {"RemoveAll", "--A-"},           {"DrainSegment", "--A-"},
       {"MigrateStart", "--A-"},        {"MigrateEnd", "--A-"},
       {"GetClusterStatus", "AAAA"},

@@ -252,6 +252,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
                           .pin = FromProto(request->pin()),
                           .preferred_host = request->preferred_host(),
                           .preferred_machine_id = request->preferred_machine_id(),
+                          .preferred_segments = ToKeys(request->preferred_segments()),
                           .owner = Caller(context)};
   std::vector<std::string> keys = ToKeys(request->keys());
   if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
@@ -540,6 +541,78 @@ grpc::ServerUnaryReactor* MasterGrpcService::MigrateEnd(grpc::CallbackServerCont
   for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
   metrics_.RecordKeyCodes(Rpc::kMigrateEnd, Codes(ended.results));
   return FinishWhenDurable(call, std::move(ended.ticket));
+}
+
+grpc::ServerUnaryReactor* MasterGrpcService::ReplicaCopyStart(
+    grpc::CallbackServerContext* context, const v1::ReplicaCopyStartRequest* request,
+    v1::ReplicaCopyStartResponse* response) {
+  Call call(metrics_, Rpc::kReplicaCopyStart, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kReplicaCopyStart, {});
+  if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
+  std::vector<std::string> keys = {request->key()};
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
+  std::vector<std::string> targets = ToKeys(request->targets());
+  absl::StatusOr<MigrationPlan> plan = master_.ReplicaCopyStart(
+      keys[0], targets, request->source(), request->move(), request->dry_run());
+  response->set_code(ToErrorCode(plan.status()));
+  metrics_.RecordKeyCodes(Rpc::kReplicaCopyStart, {response->code()});
+  if (!plan.ok()) {
+    response->set_message(std::string(plan.status().message()));
+    return call.Finish(absl::OkStatus());
+  }
+  // As BatchPutStart: not past a lost leadership with a write placement.
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
+  v1::Migration* out = response->mutable_migration();
+  out->set_key(request->key());  // as the caller named it (outside its tenant's namespace)
+  out->set_migration_id(plan->id);
+  out->set_size(plan->size);
+  out->set_checksum(plan->checksum);
+  if (!request->dry_run()) {
+    ToProto(plan->source, out->mutable_source());
+    ToProto(plan->destination, out->mutable_destination());
+  }
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* MasterGrpcService::ReplicaCopyEnd(grpc::CallbackServerContext* context,
+                                                            const v1::MigrateEndRequest* request,
+                                                            v1::MigrateEndResponse* response) {
+  Call call(metrics_, Rpc::kReplicaCopyEnd, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kReplicaCopyEnd, {});
+  if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
+  std::vector<std::string> keys;
+  keys.reserve(request->items_size());
+  for (const v1::MigrateEndItem& item : request->items()) keys.push_back(item.key());
+  if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
+  std::vector<MigrationRef> refs;
+  refs.reserve(request->items_size());
+  for (int i = 0; i < request->items_size(); ++i) {
+    const v1::MigrateEndItem& item = request->items(i);
+    refs.push_back(MigrationRef{std::move(keys[i]), item.migration_id(), item.copied()});
+  }
+  Durable<absl::Status> ended = master_.ReplicaCopyEnd(refs);
+  for (const absl::Status& status : ended.results) SetResult(status, response->add_results());
+  // Acknowledged once the new replica's segment has recorded it (and a move's source has
+  // forgotten its replica); else WRITE_FAIL, as a commit that is not durable.
+  auto record = [this, response] {
+    metrics_.RecordKeyCodes(Rpc::kReplicaCopyEnd, Codes(response->results()));
+  };
+  auto not_durable = [response, record] {
+    for (v1::KeyResult& result : *response->mutable_results()) {
+      if (result.code() == v1::OK) {
+        result.set_code(v1::WRITE_FAIL);
+        result.set_message(
+            "the copy is a replica now, but its segment did not record it in time, so a "
+            "master restart before it does could lose it");
+      }
+    }
+    record();
+    return absl::OkStatus();
+  };
+  return FinishWhenDurable(call, std::move(ended.ticket), std::move(not_durable),
+                           std::move(record));
 }
 
 grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(

@@ -71,6 +71,12 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* BatchDropReplicas(grpc::CallbackServerContext* context,
                                               const v1::BatchDropReplicasRequest* request,
                                               v1::BatchDropReplicasResponse* response) override;
+  grpc::ServerUnaryReactor* ReplicaCopyStart(grpc::CallbackServerContext* context,
+                                             const v1::ReplicaCopyStartRequest* request,
+                                             v1::ReplicaCopyStartResponse* response) override;
+  grpc::ServerUnaryReactor* ReplicaCopyEnd(grpc::CallbackServerContext* context,
+                                           const v1::MigrateEndRequest* request,
+                                           v1::MigrateEndResponse* response) override;
 
  private:
   class Call;

@@ -499,26 +499,107 @@ void IndexShard::StartMigrations(const MountedSegment& from,
   }
 }
 
+absl::StatusOr<MigrationView> IndexShard::StartCopy(absl::string_view key,
+                                                    const CopyRequest& request, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  last_now_ = std::max(last_now_, now);
+  // Checked in Mooncake's order: the object, then the segments.
+  auto it = objects_.find(key);
+  if (it == objects_.end() || !it->second.committed) {
+    return absl::NotFoundError("object not found");
+  }
+  Object& object = it->second;
+  if (request.targets.empty() || request.targets.size() != request.target_names.size()) {
+    return ErrorStatus(v1::INVALID_PARAMS, "no target segment given");
+  }
+  if (request.move && request.targets.size() != 1) {
+    return ErrorStatus(v1::INVALID_PARAMS, "a move has exactly one target segment");
+  }
+  for (size_t i = 0; i < request.targets.size(); ++i) {
+    if (request.targets[i] == nullptr) {
+      return ErrorStatus(v1::INVALID_PARAMS,
+                         absl::StrCat("no segment named ", request.target_names[i]));
+    }
+  }
+  auto source = std::find_if(object.replicas.begin(), object.replicas.end(), Live);
+  if (request.move) {
+    if (request.source == request.target_names[0]) {
+      return ErrorStatus(v1::INVALID_PARAMS, "a move's source and target are the same segment");
+    }
+    source = std::find_if(object.replicas.begin(), object.replicas.end(), [&](const Replica& r) {
+      return Live(r) && r.segment->info().name == request.source;
+    });
+    if (source == object.replicas.end()) {
+      return ErrorStatus(v1::INVALID_PARAMS,
+                         absl::StrCat("the object has no replica on segment ", request.source));
+    }
+  }
+  if (source == object.replicas.end()) return absl::NotFoundError("object has no live replica");
+  for (size_t i = 0; i < request.targets.size(); ++i) {
+    if (!request.targets[i]->accepts_writes()) {
+      return ErrorStatus(v1::UNAVAILABLE_IN_CURRENT_STATUS,
+                         absl::StrCat("segment ", request.target_names[i],
+                                      " takes no new objects (draining or restoring)"));
+    }
+  }
+  if (request.dry_run) return MigrationView{std::string(key), object.size, object.checksum};
+  MountedSegment* target = nullptr;
+  for (const std::shared_ptr<MountedSegment>& candidate : request.targets) {
+    if (ReplicaOn(object.replicas, candidate.get()) == object.replicas.end()) {
+      target = candidate.get();
+      break;
+    }
+  }
+  if (target == nullptr) {
+    return absl::AlreadyExistsError("every target segment holds a replica of the object");
+  }
+  if (Migrating(object, now)) {
+    return ErrorStatus(v1::OBJECT_HAS_LEASE, "another copy of the object is in flight");
+  }
+  AbandonMigrationLocked(object);  // one whose time ran out
+  std::optional<uint64_t> offset = target->allocator().Allocate(object.size);
+  if (!offset) {
+    return ErrorStatus(v1::NO_AVAILABLE_HANDLE,
+                       absl::StrCat("segment ", target->info().name, " has no room for ",
+                                    object.size, " bytes"));
+  }
+  target->AddReplicas(1);
+  std::shared_ptr<MountedSegment> held;
+  for (const std::shared_ptr<MountedSegment>& candidate : request.targets) {
+    if (candidate.get() == target) held = candidate;
+  }
+  object.migration = Migration{request.id,         source->segment.get(),
+                               Replica{held, *offset, NewGrant()},
+                               request.deadline,   /*requested=*/true,
+                               /*keep_source=*/!request.move};
+  return MigrationView{std::string(key), object.size, object.checksum, *source,
+                       *object.migration};
+}
+
 absl::StatusOr<FinishedMigration> IndexShard::FinishMigration(absl::string_view key, uint64_t id,
-                                                              bool copied, absl::Time now) {
+                                                              bool copied, absl::Time now,
+                                                              bool requested) {
   absl::MutexLock lock(&mu_);
   last_now_ = std::max(last_now_, now);
   auto it = objects_.find(key);
-  if (it == objects_.end() || !it->second.migration || it->second.migration->id != id) {
+  if (it == objects_.end() || !it->second.migration || it->second.migration->id != id ||
+      it->second.migration->requested != requested) {
     return absl::NotFoundError(
         absl::StrCat("no copy ", id, " of this object in progress (removed, or given back)"));
   }
   Object& object = it->second;
   Migration migration = *object.migration;
   if (!copied || migration.deadline <= now || !Live(migration.destination)) {
-    ++object.failed_migrations;
+    // A drain gives up on an object after repeated failures; a task's copy fails alone.
+    if (!migration.requested) ++object.failed_migrations;
     AbandonMigrationLocked(object);
     if (!copied) return FinishedMigration{View(object), migration.destination, std::nullopt};
     return absl::NotFoundError("the copy's tokens expired, or its segment went away");
   }
   object.migration.reset();
   FinishedMigration finished{.destination = migration.destination};
-  if (auto source = ReplicaOn(object.replicas, migration.source); source != object.replicas.end()) {
+  if (auto source = ReplicaOn(object.replicas, migration.source);
+      !migration.keep_source && source != object.replicas.end()) {
     finished.dropped_source = *source;
     ReleaseLocked(*source, object.size, *object.key, GrantsEnd(object),
                   TokensLive(object, *source, now));

@@ -52,11 +52,30 @@ struct Replica {
 uint64_t NewGrant();
 
 // A copy of a committed object on its way from a draining segment to another one
-// (Master::MigrateStart); the mover's write token for `destination` expires at `deadline`.
+// (Master::MigrateStart), or to a named segment for a copy or move task
+// (Master::ReplicaCopyStart: `requested`); the mover's write token for `destination` expires
+// at `deadline`. A finished copy replaces the source's replica unless `keep_source` (a
+// task's copy, as opposed to a move or a drain).
 struct Migration {
   uint64_t id = 0;
   const MountedSegment* source = nullptr;
   Replica destination;
+  absl::Time deadline;
+  bool requested = false;
+  bool keep_source = false;
+};
+
+// A copy or move task's step (IndexShard::StartCopy).
+struct CopyRequest {
+  // Resolved by name, in the caller's order; null for a name no mounted segment has.
+  std::vector<std::shared_ptr<MountedSegment>> targets;
+  std::vector<std::string> target_names;
+  // A move's source segment (its replica is replaced); empty for a copy.
+  std::string source;
+  bool move = false;
+  // Check only; reserve nothing.
+  bool dry_run = false;
+  uint64_t id = 0;
   absl::Time deadline;
 };
 
@@ -240,11 +259,23 @@ class IndexShard {
                        absl::Time deadline, std::atomic<uint64_t>& ids, MigrationBatch& batch)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Ends copy `id` of `key`: when `copied`, its destination becomes a replica in place of the
-  // source's; else its space is given back. NotFound if there is no such copy any more (the
-  // object was removed, or the deadline passed).
+  // A copy or move task's next step for `key` (proto: ReplicaCopyStartResponse's codes):
+  // starts a copy to the first target without a replica of the object, leased until
+  // request.deadline like a drain's. NotFound (no committed object), INVALID_PARAMS (no
+  // targets, an unknown target, a move's source equal to its target or without a replica),
+  // UNAVAILABLE_IN_CURRENT_STATUS (a target takes no new objects), AlreadyExists (every
+  // target holds a replica), OBJECT_HAS_LEASE (another copy of the object is in flight),
+  // NO_AVAILABLE_HANDLE (the target has no room). With request.dry_run, OK once valid.
+  absl::StatusOr<MigrationView> StartCopy(absl::string_view key, const CopyRequest& request,
+                                          absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends copy `id` of `key`: when `copied`, its destination becomes a replica (in place of
+  // the source's unless the copy keeps it); else its space is given back. NotFound if there
+  // is no such copy any more (the object was removed, or the deadline passed), or if the copy
+  // is not of the kind asked for (`requested`: a task's, else a drain's).
   absl::StatusOr<FinishedMigration> FinishMigration(absl::string_view key, uint64_t id,
-                                                    bool copied, absl::Time now)
+                                                    bool copied, absl::Time now,
+                                                    bool requested = false)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Adds a committed replica reported by a segment's manifest after a master restart.

@@ -246,7 +246,44 @@ absl::StatusOr<MigrateStartResult> Master::MigrateStart(const std::string& name,
   return result;
 }
 
+absl::StatusOr<MigrationPlan> Master::ReplicaCopyStart(const std::string& key,
+                                                       absl::Span<const std::string> targets,
+                                                       const std::string& source, bool move,
+                                                       bool dry_run) {
+  if (absl::Status valid = ValidateKey(key); !valid.ok()) return valid;
+  absl::Time now = options_.clock();
+  CopyRequest request;
+  for (const std::string& name : targets) {
+    request.targets.push_back(segments_.FindByName(name));
+    request.target_names.push_back(name);
+  }
+  request.source = source;
+  request.move = move;
+  request.dry_run = dry_run;
+  // Random, so that nobody ends another caller's copy by guessing its id.
+  request.id = NewGrant();
+  request.deadline = now + options_.put_timeout;
+  absl::StatusOr<MigrationView> started = ShardFor(key).StartCopy(key, request, now);
+  if (!started.ok()) return started.status();
+  MigrationPlan plan{.key = key, .size = started->size, .checksum = started->checksum};
+  if (dry_run) return plan;
+  plan.id = started->migration.id;
+  plan.source = MakePlacement(started->source, started->size, wire::Opcode::kRead,
+                              request.deadline);
+  plan.destination = MakePlacement(started->migration.destination, started->size,
+                                   wire::Opcode::kWrite, request.deadline);
+  return plan;
+}
+
 Durable<absl::Status> Master::MigrateEnd(absl::Span<const MigrationRef> refs) {
+  return FinishCopies(refs, /*requested=*/false);
+}
+
+Durable<absl::Status> Master::ReplicaCopyEnd(absl::Span<const MigrationRef> refs) {
+  return FinishCopies(refs, /*requested=*/true);
+}
+
+Durable<absl::Status> Master::FinishCopies(absl::Span<const MigrationRef> refs, bool requested) {
   Durable<absl::Status> durable;
   absl::Time now = options_.clock();
   for (const MigrationRef& ref : refs) {
@@ -256,7 +293,7 @@ Durable<absl::Status> Master::MigrateEnd(absl::Span<const MigrationRef> refs) {
       continue;
     }
     absl::StatusOr<FinishedMigration> finished =
-        ShardFor(ref.key).FinishMigration(ref.key, ref.id, ref.copied, now);
+        ShardFor(ref.key).FinishMigration(ref.key, ref.id, ref.copied, now, requested);
     durable.results.push_back(finished.status());
     if (!finished.ok() || !ref.copied) continue;
     const ObjectView& object = finished->object;
@@ -337,6 +374,9 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
   // that the keys of one batch spread over the segments.
   struct Candidate {
     std::shared_ptr<MountedSegment> segment;
+    // Position in options.preferred_segments (named ones first, in that order); then those
+    // of the preferred host or machine; then the others.
+    size_t named = SIZE_MAX;
     bool preferred = false;
     uint64_t free = 0;
   };
@@ -353,12 +393,19 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       bool preferred =
           (!options.preferred_host.empty() && info.host == options.preferred_host) ||
           (!options.preferred_machine_id.empty() && info.machine_id == options.preferred_machine_id);
-      candidates.push_back({std::move(segment), preferred, allocator.capacity() - allocator.used()});
+      auto named = std::find(options.preferred_segments.begin(),
+                             options.preferred_segments.end(), info.name);
+      candidates.push_back({std::move(segment),
+                            named == options.preferred_segments.end()
+                                ? SIZE_MAX
+                                : static_cast<size_t>(named - options.preferred_segments.begin()),
+                            preferred, allocator.capacity() - allocator.used()});
     }
   };
   refresh();
   auto reserve = [&](const std::string& key) {
     std::stable_sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      if (a.named != b.named) return a.named < b.named;
       return a.preferred != b.preferred ? a.preferred : a.free > b.free;
     });
     std::vector<std::shared_ptr<MountedSegment>> order;

@@ -75,6 +75,9 @@ struct PutStartOptions {
   // asks).
   std::string preferred_host;
   std::string preferred_machine_id;
+  // Segments named here are tried before any other, in this order (Mooncake's
+  // preferred_segment(s)); names no mounted segment has are ignored.
+  std::vector<std::string> preferred_segments;
   // Who asks (the caller's host as the gRPC peer shows it): only the same caller may commit
   // or revoke the reservation.
   std::string owner;
@@ -224,6 +227,18 @@ class Master {
   // Copies made (or failed): a made copy replaces the draining segment's replica, in the
   // manifests too. NotFound per key for a copy the master no longer expects.
   Durable<absl::Status> MigrateEnd(absl::Span<const MigrationRef> refs);
+  // One step of a copy or move task (Mooncake's create_copy_task / create_move_task): the
+  // copy a mover should make of `key` to the first of `targets` (segment names) without a
+  // replica of it, read from any replica (a copy) or from `source` (a move). The codes of
+  // IndexShard::StartCopy; with `dry_run` only the checks (an empty plan when OK).
+  absl::StatusOr<MigrationPlan> ReplicaCopyStart(const std::string& key,
+                                                 absl::Span<const std::string> targets,
+                                                 const std::string& source, bool move,
+                                                 bool dry_run);
+  // Copies of ReplicaCopyStart made (or failed): a made copy becomes a replica (a move's in
+  // place of its source's, in one step), in the manifests too. NotFound per key for a copy
+  // the master no longer expects, or one that is a drain's (MigrateEnd).
+  Durable<absl::Status> ReplicaCopyEnd(absl::Span<const MigrationRef> refs);
   // Declares dead the segments silent for longer than segment_ttl; returns how many.
   size_t ExpireSegments();
   // Unmounts draining segments that hold nothing leased or pending any more.
@@ -284,6 +299,8 @@ class Master {
   void ForgetOnSegments(absl::Span<const ObjectView> removed, ManifestSync::Ticket* ticket);
   // Returns the number of objects that lost their last replica.
   uint64_t DropRemovedReplicas();
+  // MigrateEnd (a drain's copies) and ReplicaCopyEnd (`requested`: a task's).
+  Durable<absl::Status> FinishCopies(absl::Span<const MigrationRef> refs, bool requested);
 
   const MasterOptions options_;
   SegmentRegistry segments_;

@@ -42,6 +42,8 @@ enum class Rpc {
   kMigrateEnd,
   kGetClusterStatus,
   kBatchDropReplicas,
+  kReplicaCopyStart,
+  kReplicaCopyEnd,
   kCount,
 };
 

@@ -1,5 +1,6 @@
 #include "server/master/master.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <optional>
@@ -265,6 +266,154 @@ TEST_F(MasterTest, DropReplicasLeavesTheOtherReplicasAndHonoursLeases) {
   ClusterSummary summary = master_.GetClusterSummary();
   EXPECT_EQ(summary.objects, 0u);
   EXPECT_EQ(summary.used_bytes, 0u);
+}
+
+// The segments holding `key`'s committed replicas, as a reader is told.
+std::vector<std::string> ReplicaSegments(Master& master, const std::string& key) {
+  std::vector<std::string> names;
+  std::vector<GetResult> got = master.BatchGetReplicaList({key});
+  for (const PlacementView& replica : got[0].replicas) {
+    names.push_back(replica.segment_name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(MasterTest, PreferredSegmentsAreTriedFirstByNameInOrder) {
+  for (const char* name : {"a", "b", "c"}) {
+    ASSERT_TRUE(master_.MountSegment(Segment(name, 1 << 20)).ok());
+  }
+  std::vector<std::string> keys = {"k1"};
+  std::vector<uint64_t> sizes = {1000};
+  PutStartOptions options{.replica_num = 2, .preferred_segments = {"c", "nowhere", "a"}};
+  PutStartResult started = std::move(master_.BatchPutStart(keys, sizes, options).value()[0]);
+  ASSERT_TRUE(started.status.ok()) << started.status;
+  ASSERT_EQ(started.placements.size(), 2u);
+  EXPECT_EQ(started.placements[0].segment_name, "c");
+  EXPECT_EQ(started.placements[1].segment_name, "a");
+  // A preferred segment without room is passed over.
+  keys = {"big"};
+  sizes = {(1 << 20) - 1000};
+  options = {.replica_num = 1, .preferred_segments = {"c"}};
+  PutStartResult big = std::move(master_.BatchPutStart(keys, sizes, options).value()[0]);
+  ASSERT_TRUE(big.status.ok()) << big.status;
+  EXPECT_NE(big.placements[0].segment_name, "c");
+}
+
+TEST_F(MasterTest, CopyTaskAddsAReplicaOnEachNamedSegmentAndKeepsTheSource) {
+  for (const char* name : {"a", "b", "c"}) {
+    ASSERT_TRUE(master_.MountSegment(Segment(name, 1 << 20)).ok());
+  }
+  std::vector<std::string> keys = {"k"};
+  std::vector<uint64_t> sizes = {1000};
+  PutStartResult put = std::move(
+      master_.BatchPutStart(keys, sizes, {.preferred_segments = {"a"}}).value()[0]);
+  ASSERT_TRUE(master_.BatchPutEnd({PutRef{"k", put.put_id, 42}}).results[0].ok());
+  Applied();
+  std::vector<std::string> targets = {"b", "c"};
+  // A dry run checks and reserves nothing.
+  ASSERT_TRUE(master_.ReplicaCopyStart("k", targets, "", false, true).ok());
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 1024u);
+  for (const char* expected : {"b", "c"}) {
+    absl::StatusOr<MigrationPlan> plan = master_.ReplicaCopyStart("k", targets, "", false, false);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->source.segment_name, "a");
+    EXPECT_EQ(plan->destination.segment_name, expected);
+    EXPECT_EQ(plan->checksum, 42u);
+    // One copy at a time: a second start waits for it.
+    EXPECT_EQ(ToErrorCode(master_.ReplicaCopyStart("k", targets, "", false, false).status()),
+              v1::OBJECT_HAS_LEASE);
+    // Leased while in flight: not removed unless forced.
+    EXPECT_EQ(ToErrorCode(Remove("k")), v1::OBJECT_HAS_LEASE);
+    // A drain's MigrateEnd does not end a task's copy.
+    EXPECT_EQ(master_.MigrateEnd({{"k", plan->id, true}}).results[0].code(),
+              absl::StatusCode::kNotFound);
+    Durable<absl::Status> ended = master_.ReplicaCopyEnd({{"k", plan->id, true}});
+    ASSERT_TRUE(ended.results[0].ok()) << ended.results[0];
+    Applied();
+  }
+  EXPECT_EQ(ReplicaSegments(master_, "k"), (std::vector<std::string>{"a", "b", "c"}));
+  // Every target holds one now.
+  EXPECT_EQ(master_.ReplicaCopyStart("k", targets, "", false, false).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 3 * 1024u);
+}
+
+TEST_F(MasterTest, MoveTaskReplacesTheSourceInOneStepAndAFailureLeavesItIntact) {
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE(master_.MountSegment(Segment(name, 1 << 20)).ok());
+  }
+  std::vector<std::string> keys = {"k"};
+  std::vector<uint64_t> sizes = {1000};
+  PutStartResult put = std::move(
+      master_.BatchPutStart(keys, sizes, {.preferred_segments = {"a"}}).value()[0]);
+  ASSERT_TRUE(Commit("k", put.put_id).ok());
+  std::vector<std::string> to_b = {"b"};
+  // A failed copy: given back, the object as it was.
+  absl::StatusOr<MigrationPlan> failed = master_.ReplicaCopyStart("k", to_b, "a", true, false);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(ReplicaSegments(master_, "k"), std::vector<std::string>{"a"});
+  EXPECT_TRUE(master_.ReplicaCopyEnd({{"k", failed->id, false}}).results[0].ok());
+  Applied();
+  EXPECT_EQ(ReplicaSegments(master_, "k"), std::vector<std::string>{"a"});
+  // A copy whose tokens expired is not taken either.
+  absl::StatusOr<MigrationPlan> late = master_.ReplicaCopyStart("k", to_b, "a", true, false);
+  ASSERT_TRUE(late.ok()) << late.status();
+  now_ += absl::Seconds(61);
+  EXPECT_EQ(master_.ReplicaCopyEnd({{"k", late->id, true}}).results[0].code(),
+            absl::StatusCode::kNotFound);
+  Applied();
+  EXPECT_EQ(ReplicaSegments(master_, "k"), std::vector<std::string>{"a"});
+  // A made copy replaces the source's replica.
+  absl::StatusOr<MigrationPlan> plan = master_.ReplicaCopyStart("k", to_b, "a", true, false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(master_.ReplicaCopyEnd({{"k", plan->id, true}}).results[0].ok());
+  Applied();
+  EXPECT_EQ(ReplicaSegments(master_, "k"), std::vector<std::string>{"b"});
+  // The given-back copies' space returns once their tokens have expired.
+  master_.ReclaimExpiredReservations();
+  Applied();
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 1024u);
+}
+
+TEST_F(MasterTest, CopyAndMoveTasksAreRefusedWithMooncakesCodes) {
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE(master_.MountSegment(Segment(name, 4096)).ok());
+  }
+  std::vector<std::string> keys = {"k"};
+  std::vector<uint64_t> sizes = {3000};
+  PutStartResult put = std::move(
+      master_.BatchPutStart(keys, sizes, {.preferred_segments = {"a"}}).value()[0]);
+  ASSERT_TRUE(Commit("k", put.put_id).ok());
+  auto code = [&](const std::string& key, std::vector<std::string> targets,
+                  const std::string& source, bool dry_run) {
+    return ToErrorCode(master_.ReplicaCopyStart(key, targets, source, !source.empty(), dry_run)
+                           .status());
+  };
+  for (bool dry_run : {true, false}) {
+    EXPECT_EQ(code("absent", {"b"}, "", dry_run), v1::OBJECT_NOT_FOUND);
+    EXPECT_EQ(code("absent", {"nowhere"}, "", dry_run), v1::OBJECT_NOT_FOUND);
+    EXPECT_EQ(code("k", {}, "", dry_run), v1::INVALID_PARAMS);
+    EXPECT_EQ(code("k", {"b", "nowhere"}, "", dry_run), v1::INVALID_PARAMS);
+    EXPECT_EQ(code("k", {"nowhere"}, "a", dry_run), v1::INVALID_PARAMS);
+    EXPECT_EQ(code("k", {"b"}, "nowhere", dry_run), v1::INVALID_PARAMS);
+    EXPECT_EQ(code("k", {"a"}, "a", dry_run), v1::INVALID_PARAMS);
+    EXPECT_EQ(code("k", {"a"}, "b", dry_run), v1::INVALID_PARAMS);  // no replica on b
+    EXPECT_EQ(code("", {"b"}, "", dry_run), v1::INVALID_KEY);
+  }
+  // A target with no room: NO_AVAILABLE_HANDLE, nothing reserved, the object intact.
+  keys = {"filler"};
+  put = std::move(master_.BatchPutStart(keys, sizes, {.preferred_segments = {"b"}}).value()[0]);
+  ASSERT_TRUE(Commit("filler", put.put_id).ok());
+  ASSERT_EQ(ReplicaSegments(master_, "filler"), std::vector<std::string>{"b"});
+  EXPECT_EQ(code("k", {"b"}, "", true), v1::OK);
+  EXPECT_EQ(code("k", {"b"}, "", false), v1::NO_AVAILABLE_HANDLE);
+  EXPECT_EQ(code("k", {"b"}, "a", false), v1::NO_AVAILABLE_HANDLE);
+  EXPECT_EQ(ReplicaSegments(master_, "k"), std::vector<std::string>{"a"});
+  EXPECT_EQ(master_.GetClusterSummary().used_bytes, 2 * 3008u);  // 64-byte aligned
+  // A draining target takes no new replica.
+  ASSERT_TRUE(master_.DrainSegment("b").ok());
+  EXPECT_EQ(code("k", {"b"}, "", true), v1::UNAVAILABLE_IN_CURRENT_STATUS);
 }
 
 TEST_F(MasterTest, SilentSegmentIsDeclaredDeadAfterTheTtlWithItsObjects) {

@@ -121,6 +121,9 @@ struct PutOptions {
   PinMode pin = PinMode::kNone;
   // Place on a segment of this host when one has room.
   bool prefer_local_segment = false;
+  // Segments (by name) tried before any other, in this order, when they have room (Mooncake's
+  // preferred_segment(s)); names no mounted segment has are ignored.
+  std::vector<std::string> preferred_segments;
 };
 
 struct GetOptions {
@@ -282,6 +285,26 @@ class Client {
   // segment name); WRITE_FAIL (dropped, not yet durable: retry).
   std::vector<absl::Status> BatchDropReplicas(absl::Span<const std::string> keys,
                                               absl::string_view segment, bool force = false);
+  // Gives `key`'s object a replica on each segment of `targets` (names), copying it as a
+  // drain's mover does (read from one of its replicas, checked against its checksum, written
+  // to space the master reserved), one target at a time; a target holding one already is
+  // skipped. With `move_from` (the name of a segment holding a replica; one target), the new
+  // replica takes that one's place at the master in one step, so the object never lacks a
+  // committed replica. While a copy is in flight the object is leased. A failure leaves the
+  // object as it was (with the replicas made before it). Returns when done:
+  //   NotFound            no committed object has the key.
+  //   InvalidArgument     (INVALID_PARAMS) no targets, a segment no one mounted, a move's
+  //                       source without a replica or equal to its target.
+  //   FailedPrecondition  (UNAVAILABLE_IN_CURRENT_STATUS) a target takes no new objects.
+  //   ResourceExhausted   (NO_AVAILABLE_HANDLE) a target has no room.
+  //   Unavailable         (TRANSFER_FAIL) the copy could not be read or written; (WRITE_FAIL)
+  //                       made, but its segment did not record it in time.
+  absl::Status CopyReplica(absl::string_view key, absl::Span<const std::string> targets,
+                           absl::string_view move_from = {});
+  // The checks of CopyReplica only (its errors but the transfer's), reserving nothing: what a
+  // copy or move task answers when it is created.
+  absl::Status CheckCopyReplica(absl::string_view key, absl::Span<const std::string> targets,
+                                absl::string_view move_from = {});
   // Removes every committed object (leased ones only if `force`); returns how many.
   absl::StatusOr<uint64_t> RemoveAll(bool force = false);
   // Removes the committed objects whose key `pattern` (an RE2 regular expression: ECMAScript's

@@ -47,10 +47,9 @@ import ctypes
 import logging
 import struct
 
-import torch
-
 from kvpool import _kvpool
 from kvpool import _tensor
+from kvpool._lazy_torch import torch
 
 _log = logging.getLogger("kvpool.store")
 

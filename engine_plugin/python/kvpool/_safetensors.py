@@ -8,14 +8,14 @@ then the tensors' bytes (offsets relative to the end of the header), little-endi
 import json
 import struct
 
-import torch
+from kvpool._lazy_torch import LazyTable, torch
 
 _CODES = [("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"),
           ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"), ("U8", "uint8"),
           ("BOOL", "bool"), ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
           ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")]
-TO_CODE = {getattr(torch, n): c for c, n in _CODES if hasattr(torch, n)}
-FROM_CODE = {c: getattr(torch, n) for c, n in _CODES if hasattr(torch, n)}
+TO_CODE = LazyTable(lambda: {getattr(torch, n): c for c, n in _CODES if hasattr(torch, n)})
+FROM_CODE = LazyTable(lambda: {c: getattr(torch, n) for c, n in _CODES if hasattr(torch, n)})
 _MAX_HEADER = 100 << 20
 
 

@@ -15,7 +15,7 @@ through Mooncake read back alike:
 
 import struct
 
-import torch
+from kvpool._lazy_torch import LazyTable, torch
 
 MAGIC = 0x4D4F4F4E
 VERSION = 1
@@ -33,13 +33,10 @@ _DTYPES = [
     (6, "int32"), (7, "uint32"), (8, "int64"), (9, "uint64"), (10, "bool"), (11, "float16"),
     (12, "bfloat16"), (13, "float8_e4m3fn"), (14, "float8_e5m2"),
 ]
-DTYPE_TO_CODE = {}
-CODE_TO_DTYPE = {}
-for _code, _name in _DTYPES:
-    _dtype = getattr(torch, _name, None)
-    if _dtype is not None:
-        DTYPE_TO_CODE[_dtype] = _code
-        CODE_TO_DTYPE[_code] = _dtype
+DTYPE_TO_CODE = LazyTable(lambda: {getattr(torch, n): c for c, n in _DTYPES
+                                     if getattr(torch, n, None) is not None})
+CODE_TO_DTYPE = LazyTable(lambda: {c: getattr(torch, n) for c, n in _DTYPES
+                                   if getattr(torch, n, None) is not None})
 
 # Axis kinds of a shard's layout.
 AXIS_KINDS = {"dp": 0, "tp": 1, "ep": 2, "pp": 3}

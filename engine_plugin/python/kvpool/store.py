@@ -21,7 +21,8 @@ Where kvpool has no such subsystem (SSD offload, CXL, NVMe-oF, the transfer engi
 argument is accepted and a warning says it has no effect. Mooncake's unified parallelism API
 (ParallelAxis, TensorParallelism, ReadTarget and the *_tensor_with_parallelism* calls) is in
 kvpool._parallel, with Mooncake's keys and object layouts; the put/get session calls in
-kvpool._sessions. docs/engine_plugin.md lists the differences.
+kvpool._sessions; the copy and move tasks (create_copy_task, create_move_task, query_task) in
+kvpool._tasks. docs/engine_plugin.md lists the differences.
 """
 
 import ctypes
@@ -36,13 +37,15 @@ from enum import IntEnum
 from kvpool import _kvpool
 from kvpool import _parallel
 from kvpool import _sessions
+from kvpool import _tasks
 from kvpool import _tensor
 from kvpool._parallel import ParallelAxis, ReadTarget, TensorParallelism
+from kvpool._tasks import QueryTaskResponse, TaskStatus, TaskType
 
 __all__ = [
     "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus",
     "ReplicaDescriptor", "MemoryDescriptor", "DiskDescriptor", "Descriptor", "BufferHandle",
-    "MooncakeHostMemAllocator", "ObjectDataType", "TaskType", "TaskStatus",
+    "MooncakeHostMemAllocator", "ObjectDataType", "TaskType", "TaskStatus", "QueryTaskResponse",
     "ParallelAxis", "TensorParallelism", "ReadTarget", "StoreNotSetUpError", "Store",
 ]
 
@@ -92,18 +95,6 @@ class ReplicaStatus(IntEnum):
     COMPLETE = 3
     REMOVED = 4
     FAILED = 5
-
-
-class TaskType(IntEnum):
-    REPLICA_COPY = 0
-    REPLICA_MOVE = 1
-
-
-class TaskStatus(IntEnum):
-    PENDING = 0
-    PROCESSING = 1
-    SUCCESS = 2
-    FAILED = 3
 
 
 _U64_MAX = (1 << 64) - 1
@@ -337,7 +328,7 @@ def _free_port(host_ip):
 
 
 class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixin,
-                               _kvpool.Store):
+                               _tasks.TaskMixin, _kvpool.Store):
     """Mooncake's MooncakeDistributedStore over a kvpool pool (see the module docstring)."""
 
     def __init__(self):
@@ -487,6 +478,7 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
     def close(self):
         """Leaves the pool (objects of this process's segment leave with it). 0."""
         self._hostname = ""
+        self._stop_tasks()  # tasks in flight finish first (they copy through this client)
         return _kvpool.Store.close(self)
 
     def health_check(self):
@@ -533,6 +525,17 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             wanted.append(config.preferred_segment)
         return bool(wanted) and self._hostname in wanted
 
+    @staticmethod
+    def _preferred_segments(config):
+        """The segments a ReplicateConfig names, in order: placed there first, by name."""
+        if config is None:
+            return []
+        wanted = list(getattr(config, "preferred_segments", []) or [])
+        one = getattr(config, "preferred_segment", "")
+        if one and one not in wanted:
+            wanted.insert(0, one)
+        return [str(w) for w in wanted]
+
     def _check_config(self, method, config):
         why = _config_error(config)
         if why is not None:
@@ -550,7 +553,8 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             return [BUFFER_OVERFLOW] * len(keys)
         replicas, pin = _pin_of(config)
         codes = _kvpool.Store._put_values(self, list(keys), list(values), replicas, pin,
-                                          self._prefer_local(config))
+                                          self._prefer_local(config),
+                                          preferred_segments=self._preferred_segments(config))
         return [self._ok(c) for c in codes]
 
     def _put_ptrs(self, method, keys, ptrs, sizes, config):
@@ -559,7 +563,8 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             return [INVALID_PARAMS] * len(keys)
         replicas, pin = _pin_of(config)
         codes = _kvpool.Store._put_parts(self, list(keys), ptrs, sizes, replicas, pin,
-                                         self._prefer_local(config))
+                                         self._prefer_local(config),
+                                         preferred_segments=self._preferred_segments(config))
         return [self._ok(c) for c in codes]
 
     def _replace(self, keys):
@@ -774,8 +779,11 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
                 continue
             descs = []
             for segment_name, endpoint, offset, length in replicas:
-                d = ReplicaDescriptor(Descriptor(length, offset, endpoint))
+                # Mooncake's transport_endpoint is the segment's name (its client's
+                # local_hostname:port); kvpool's data-plane address is `endpoint`.
+                d = ReplicaDescriptor(Descriptor(length, offset, segment_name))
                 d.segment_name = segment_name
+                d.endpoint = endpoint
                 descs.append(d)
             out[key] = descs
         return out
@@ -812,7 +820,8 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             ptrs.append(p)
             sizes.append(s)
         codes = _kvpool.Store._put_parts(self, list(keys), ptrs, sizes, replicas, pin,
-                                         self._prefer_local(config))
+                                         self._prefer_local(config),
+                                         preferred_segments=self._preferred_segments(config))
         return [self._ok(c) for c in codes]
 
     def put_tensor(self, key, tensor):

@@ -1,7 +1,7 @@
 """Type stubs of kvpool.store (generated from store.py's signatures)."""
 
 from enum import IntEnum
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,8 +50,18 @@ class TaskType(IntEnum):
 class TaskStatus(IntEnum):
     PENDING: int
     PROCESSING: int
-    SUCCESS: int
     FAILED: int
+    SUCCESS: int
+
+class QueryTaskResponse:
+    id: Tuple[int, int]
+    type: TaskType
+    status: TaskStatus
+    created_at_ms_epoch: int
+    last_updated_at_ms_epoch: int
+    assigned_client: Tuple[int, int]
+    message: str
+    error_code: int
 _U64_MAX: int
 
 class ReplicateConfig:
@@ -154,6 +164,11 @@ class MooncakeDistributedStore(Store):
     def remove_all(self, force: bool = ...) -> int: ...
     def remove_by_regex(self, regex_pattern: str, force: bool = ...) -> int: ...
     def batch_replica_clear(self, keys: Sequence[str], segment_name: str = ...) -> List[str]: ...
+    def create_copy_task(self, key: str, targets: Sequence[str]) -> Tuple[Tuple[int, int], int]: ...
+    def create_move_task(self, key: str, source: str,
+                         target: str) -> Tuple[Tuple[int, int], int]: ...
+    def query_task(
+        self, task_id: Tuple[int, int]) -> Tuple[Optional[QueryTaskResponse], int]: ...
     def get_replica_desc(self, key: str) -> List[ReplicaDescriptor]: ...
     def batch_get_replica_desc(self, keys: Sequence[str]) -> Dict[str, List[ReplicaDescriptor]]: ...
     def put_tensor(self, key: str, tensor: torch.Tensor) -> int: ...
