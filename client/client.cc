@@ -988,7 +988,7 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
     results.push_back(LocalReservation{keys[i], pool->base + placement.offset(),
                                        placement.length(), result.put_id(),
                                        absl::FromUnixMillis(static_cast<int64_t>(expiry_ms)),
-                                       placement.endpoint()});
+                                       /*checksum=*/std::nullopt, placement.endpoint()});
     wire::ShmIntent intent{placement.offset(), placement.length()};
     std::memcpy(intent.token.data(), placement.token().data(),
                 std::min(intent.token.size(), placement.token().size()));
