@@ -113,7 +113,10 @@ struct Client::Impl {
   // The shared-memory socket of a segment, from the master's segment list (cached; asked
   // again at most once a second for an endpoint it does not know).
   std::optional<std::string> ShmSocketOf(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(shm_mu);
-  // Maps the pools of the segments of this machine known so far (see BatchPutOnce).
+  // Maps the pools of the segments of this machine known so far, before any placement or
+  // lease is asked for: mapping (and populating) a large pool can take longer than a write
+  // grant or a lease lasts (30 s for 4 GiB on a loaded machine), so it must not happen
+  // between a placement and its bytes. Pools mapped already cost a lookup each.
   void MapKnownLocalPools() ABSL_LOCKS_EXCLUDED(shm_mu);
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
@@ -166,14 +169,7 @@ struct Client::Impl {
   // copy was made, in order.
   std::vector<bool> CopyMigrations(const google::protobuf::RepeatedPtrField<v1::Migration>& batch,
                                    std::string& buffer);
-  // Maps the pools of this machine's segments (MapLocalPools), once per client, before the
-  // first placement or lease is asked for: mapping a large pool that its segment has not
-  // touched yet populates every page, which can take longer than a write grant or a lease
-  // lasts (30 s for 4 GiB on a loaded machine), so it must not happen between a placement
-  // and its bytes. Concurrent first callers wait for the one mapping.
-  void MapLocalPoolsOnce();
   void MapLocalPools();
-  std::once_flag pools_mapped;
   // ReplicaCopyStart's request for CopyReplica and CheckCopyReplica.
   static v1::ReplicaCopyStartRequest CopyRequest(absl::string_view key,
                                                  absl::Span<const std::string> targets,
@@ -311,7 +307,7 @@ std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) {
 
 absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
     absl::Span<const std::string> keys) {
-  MapLocalPoolsOnce();
+  MapKnownLocalPools();
   std::vector<Located> located(keys.size());
   std::vector<size_t> missing;
   // Cached locations being asked for again, by their position in `missing`.
@@ -544,8 +540,6 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   const size_t n = items.size();
   std::vector<absl::Status> results(n);
   if (n == 0) return results;
-  MapLocalPoolsOnce();
-
   // Pools of this machine's segments are mapped before any space is reserved: mapping (and
   // populating) a large pool can take longer than a reservation lasts, and a write whose
   // token expired meanwhile is refused (its intent would be LEASE_EXPIRED).
@@ -895,7 +889,7 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
 
 std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const std::string> keys,
                                                               absl::Time* lease_expiry) {
-  impl_->MapLocalPoolsOnce();
+  impl_->MapKnownLocalPools();
   const size_t n = keys.size();
   v1::BatchGetReplicaListRequest request;
   for (const std::string& key : keys) request.add_keys(key);
@@ -933,7 +927,7 @@ std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const s
 std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
     absl::Span<const std::string> keys, absl::Span<const uint64_t> sizes,
     const PutOptions& options) {
-  impl_->MapLocalPoolsOnce();
+  impl_->MapKnownLocalPools();
   const size_t n = keys.size();
   if (sizes.size() != n) {
     return std::vector<absl::StatusOr<LocalReservation>>(
@@ -1098,11 +1092,6 @@ void Client::Impl::MapLocalPools() {
       transport->LocalPool(segment.endpoint(), /*incarnation=*/0);
     }
   }
-}
-
-void Client::Impl::MapLocalPoolsOnce() {
-  if (options.transport == TransportKind::kTcp) return;  // no shared memory
-  std::call_once(pools_mapped, [this] { MapLocalPools(); });
 }
 
 absl::Status Client::RegisterMemory(void* addr, size_t length) {
