@@ -470,7 +470,7 @@ def check_security(c, case, objects, v, source, mrun, mflags, srun, sflags, mast
             c.check(not any(f.startswith("tls_") and f != "tls_reload_interval" for f in flags),
                     f"{case}: {name} has TLS flags with tls.enabled=false")
         if not v["auth"]["enabled"]:
-            c.check(not any(f.startswith("auth_") for f in flags),
+            c.check(not any(f.startswith(("auth_", "http_token")) for f in flags),
                     f"{case}: {name} has token flags with auth.enabled=false")
     if mrun is None:
         return
@@ -542,9 +542,15 @@ def check_security(c, case, objects, v, source, mrun, mflags, srun, sflags, mast
                 f"and admin.token of Secret {want}")
         if srun:
             c.check(file_from(srun, sflags.get("auth_token_file")) == (want, "segment.token") and
-                    set(projected(srun, AUTH_DIR)) == {"segment.token"},
-                    f"{case}: segments should get only segment.token of {want} as "
-                    f"--auth-token-file, got {sorted(projected(srun, AUTH_DIR))}")
+                    file_from(srun, sflags.get("http_token_file")) == (want, "reader.token") and
+                    set(projected(srun, AUTH_DIR)) == {"segment.token", "reader.token"},
+                    f"{case}: segments should get only segment.token (--auth-token-file) and "
+                    f"reader.token (--http-token-file) of {want}, got "
+                    f"{sorted(projected(srun, AUTH_DIR))}")
+        for sm in by_kind(objects, "ServiceMonitor"):
+            for ep in dig(sm, "spec", "endpoints", default=[]):
+                c.check(ep.get("bearerTokenSecret") == {"name": want, "key": "reader.token"},
+                        f"{case}: the ServiceMonitor should scrape with reader.token of {want}")
         secret = secrets.get(want)
         c.check((secret is None) == bool(v["auth"]["existingSecret"]),
                 f"{case}: Secret {want} should be rendered exactly when auth.existingSecret is empty")
@@ -606,28 +612,39 @@ def run_rendered_pool(c, case, mrun, srun, files, master_host):
         try:
             mtext, mdirs = materialise(mrun, "master")
             # 0.0.0.0: not loopback, so the master starts only because TLS and tokens are on.
-            mflag = flagfile(mtext, {"listen": "0.0.0.0:0", "http_listen": "127.0.0.1:0"},
+            mflag = flagfile(mtext, {"listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0"},
                              "master")
-            master, m, seen = lib.start_process([binaries["kvpool-master"], f"--flagfile={mflag}"],
-                                                r"listening grpc=\S*:(\d+) .*tls=on auth=on")
+            master, m, seen = lib.start_process(
+                [binaries["kvpool-master"], f"--flagfile={mflag}"],
+                r"listening grpc=\S*:(\d+) http=\S*:(\d+) .*tls=on auth=on http_auth=on")
             procs.append(master)
             if not c.check(m is not None, f"{case}: kvpool-master with the rendered flags did not "
                            f"start with tls=on auth=on: {''.join(seen)[-800:]}"):
                 return
-            port = m.group(1)
+            port, master_http = m.group(1), m.group(2)
             stext, _ = materialise(srun, "segment")
             sflag = flagfile(stext, {"master": f"127.0.0.1:{port}", "listen": "0.0.0.0:0",
-                                     "http_listen": "127.0.0.1:0", "size": "64MiB",
+                                     "http_listen": "0.0.0.0:0", "size": "64MiB",
                                      "prefault": "false"}, "segment")
             # The pods dial the Service's name: check the certificate against it.
-            segment, m, seen = lib.start_process([binaries["kvpool-segment"], f"--flagfile={sflag}",
-                                                  "--name=node-a", "--advertise-host=127.0.0.1",
-                                                  f"--tls_server_name={master_host}"],
-                                                 r"kvpool-segment listening")
+            segment, m, seen = lib.start_process(
+                [binaries["kvpool-segment"], f"--flagfile={sflag}", "--name=node-a",
+                 "--advertise-host=127.0.0.1", f"--tls_server_name={master_host}"],
+                r"kvpool-segment listening .*http=\S*:(\d+)")
             procs.append(segment)
             if not c.check(m is not None, f"{case}: kvpool-segment with the rendered flags did "
                            f"not mount: {''.join(seen)[-800:]}"):
                 return
+            # What the ServiceMonitor's scrape sees: /metrics with reader.token, not without.
+            reader = files.get(file_from(srun, f"{AUTH_DIR}/reader.token"), b"").decode()
+            for who, http_port in (("master", master_http), ("segment", m.group(1))):
+                status, _ = lib.http_get(f"127.0.0.1:{http_port}", "/metrics")
+                c.check(status == 401, f"{case}: {who} /metrics without a token answered {status}")
+                status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics", reader)
+                c.check(status == 200 and "kvpool_" in body,
+                        f"{case}: {who} /metrics with reader.token answered {status}")
+                status, _ = lib.http_get(f"127.0.0.1:{http_port}", "/healthz")
+                c.check(status == 200, f"{case}: {who} /healthz (the probe) answered {status}")
             pod_env = dict(os.environ,
                            KVPOOL_TLS_CA=env_value(mrun, "KVPOOL_TLS_CA").replace(
                                TLS_DIR, mdirs[TLS_DIR]),
@@ -641,7 +658,7 @@ def run_rendered_pool(c, case, mrun, srun, files, master_host):
             stranger = dict(pod_env)
             del stranger["KVPOOL_AUTH_TOKEN_FILE"]
             r = subprocess.run(ctl, capture_output=True, text=True, env=stranger, timeout=30)
-            c.check(r.returncode != 0 and "UNAUTHENTICATED" in (r.stdout + r.stderr).upper(),
+            c.check(r.returncode != 0 and "requires authentication" in r.stdout + r.stderr,
                     f"{case}: kvpoolctl without a token should be refused as unauthenticated: "
                     f"{r.returncode} {r.stdout}{r.stderr}")
             plain = dict(stranger)

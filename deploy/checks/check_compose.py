@@ -91,7 +91,8 @@ def check_security(c, services, commands):
                 f"{name}: should start after pki (directly or through the master)")
         wanted = (("tls_cert", "master.crt"), ("tls_key", "master.key"),
                   ("auth_tokens", "tokens")) if KVPOOL_SERVICES[name] == "kvpool-master" else \
-            (("tls_ca", "ca.crt"), ("auth_token_file", f"{name}.token"))
+            (("tls_ca", "ca.crt"), ("auth_token_file", f"{name}.token"),
+             ("http_token_file", "reader.token"))
         for flag, file in wanted:
             c.check(lib.flag_value(args, flag) == f"{PKI_DIR}/{file}",
                     f"{name}: --{flag.replace('_', '-')} should be {PKI_DIR}/{file}, got "
@@ -101,15 +102,38 @@ def check_security(c, services, commands):
             env.get("KVPOOL_AUTH_TOKEN_FILE") == f"{PKI_DIR}/admin.token",
             "master: KVPOOL_TLS_CA and KVPOOL_AUTH_TOKEN_FILE should let kvpoolctl in the "
             "container call the master")
+    # Prometheus scrapes with the reader token that pki writes, alone, to the scrape volume.
+    entry = pki.get("entrypoint", [])
+    scrape_volume = next((mount_source(v)[0] for v in pki.get("volumes", [])
+                          if len(entry) > 3 and mount_source(v)[1] == entry[3]), None)
+    prom_mounts = {mount_source(v)[0]: mount_source(v)
+                   for v in services.get("prometheus", {}).get("volumes", [])}
+    c.check(scrape_volume is not None and scrape_volume in prom_mounts and
+            prom_mounts[scrape_volume][2] and pki_volume not in prom_mounts,
+            "prometheus: should mount the scrape volume pki writes (read-only), and not the "
+            "pki volume")
+    token_file = (prom_mounts.get(scrape_volume, (None, "?"))[1] + "/reader.token")
+    config = lib.load_yaml(ROOT / "deploy/prometheus/prometheus.yml")
+    for job in config.get("scrape_configs", []):
+        if job["job_name"] in ("kvpool-master", "kvpool-segment"):
+            c.check(job.get("authorization") == {"type": "Bearer", "credentials_file": token_file},
+                    f"prometheus job {job['job_name']}: should send the reader token "
+                    f"{token_file}, got {job.get('authorization')}")
     if script_mount is None:
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run(["sh", str((COMPOSE.parent / script_mount[0]).resolve()), tmp],
-                           capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as scrape:
+        script = str((COMPOSE.parent / script_mount[0]).resolve())
+        r = subprocess.run(["sh", script, tmp, scrape], capture_output=True, text=True,
+                           timeout=120)
         if not c.check(r.returncode == 0, f"make-pki.sh failed: {r.stdout}{r.stderr}"):
             return
-        again = subprocess.run(["sh", str((COMPOSE.parent / script_mount[0]).resolve()), tmp],
-                               capture_output=True, text=True, timeout=120)
+        c.check(sorted(os.listdir(scrape)) == ["reader.token"] and
+                pathlib.Path(scrape, "reader.token").read_bytes() ==
+                pathlib.Path(tmp, "reader.token").read_bytes(),
+                f"make-pki.sh: the scrape directory should hold reader.token alone, got "
+                f"{sorted(os.listdir(scrape))}")
+        again = subprocess.run(["sh", script, tmp, scrape], capture_output=True, text=True,
+                               timeout=120)
         c.check(again.returncode == 0 and "kept" in again.stdout,
                 f"make-pki.sh run again should keep what it made: {again.stdout}")
         r = subprocess.run(["openssl", "verify", "-CAfile", f"{tmp}/ca.crt", f"{tmp}/master.crt"],
@@ -132,6 +156,8 @@ def check_security(c, services, commands):
                         f"{lib.flag_value(args, 'name')}, got {rules.get(token)}")
         c.check(rules.get(pathlib.Path(tmp, "admin.token").read_text(), [None, None])[1] ==
                 "admin", "make-pki.sh: admin.token should have role admin")
+        c.check(rules.get(pathlib.Path(tmp, "reader.token").read_text(), [None, None])[1] ==
+                "reader", "make-pki.sh: reader.token should have role reader")
         run_pool(c, commands, env, tmp)
 
 
@@ -153,25 +179,36 @@ def run_pool(c, commands, env, pki):
     procs = []
     try:
         # 0.0.0.0: not loopback, so the master starts only with TLS and tokens on.
-        margs = local(commands["master"], {"listen": "0.0.0.0:0", "http_listen": "127.0.0.1:0"})
-        master, m, seen = lib.start_process([binaries["kvpool-master"]] + margs,
-                                            r"listening grpc=\S*:(\d+) .*tls=on auth=on")
+        margs = local(commands["master"], {"listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0"})
+        master, m, seen = lib.start_process(
+            [binaries["kvpool-master"]] + margs,
+            r"listening grpc=\S*:(\d+) http=\S*:(\d+) .*tls=on auth=on http_auth=on")
         procs.append(master)
         if not c.check(m is not None, f"master with the compose flags did not start with "
                        f"tls=on auth=on: {''.join(seen)[-800:]}"):
             return
-        port = m.group(1)
+        port, master_http = m.group(1), m.group(2)
         sargs = local(commands["segment-1"], {
-            "master": f"127.0.0.1:{port}", "listen": "0.0.0.0:0", "http_listen": "127.0.0.1:0",
+            "master": f"127.0.0.1:{port}", "listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0",
             "size": "64MiB", "advertise_host": "127.0.0.1"})
         # Segments dial "master": check the certificate against that name.
         segment, m, seen = lib.start_process(
             [binaries["kvpool-segment"]] + sargs + ["--tls_server_name=master", "--prefault=false"],
-            r"kvpool-segment listening")
+            r"kvpool-segment listening .*http=\S*:(\d+)")
         procs.append(segment)
         if not c.check(m is not None, f"segment-1 with the compose flags did not mount: "
                        f"{''.join(seen)[-800:]}"):
             return
+        # What Prometheus sees: /metrics with its token, and nothing without.
+        reader = pathlib.Path(pki, "reader.token").read_text()
+        for who, http_port in (("master", master_http), ("segment-1", m.group(1))):
+            status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics")
+            c.check(status == 401, f"{who}: /metrics without a token answered {status}")
+            status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics", reader)
+            c.check(status == 200 and "kvpool_" in body,
+                    f"{who}: /metrics with Prometheus's reader token answered {status}")
+            status, _ = lib.http_get(f"127.0.0.1:{http_port}", "/healthz")
+            c.check(status == 200, f"{who}: /healthz (the health check) answered {status}")
         ctl_env = dict(os.environ, **{k: v.replace(PKI_DIR + "/", pki + "/") for k, v in env.items()})
         ctl = [binaries["kvpoolctl"], f"--master=127.0.0.1:{port}", "status"]
         r = lib.kvpoolctl_until(ctl, ctl_env, "segment-1")
@@ -180,7 +217,7 @@ def run_pool(c, commands, env, pki):
                 f"segment-1: {r.stdout}{r.stderr}")
         stranger = {k: v for k, v in ctl_env.items() if k != "KVPOOL_AUTH_TOKEN_FILE"}
         r = subprocess.run(ctl, capture_output=True, text=True, env=stranger, timeout=30)
-        c.check(r.returncode != 0 and "UNAUTHENTICATED" in (r.stdout + r.stderr).upper(),
+        c.check(r.returncode != 0 and "requires authentication" in r.stdout + r.stderr,
                 f"kvpoolctl without a token should be refused: {r.returncode} {r.stdout}{r.stderr}")
     finally:
         lib.stop_processes(procs)

@@ -233,6 +233,20 @@ def stop_processes(procs):
             p.wait()
 
 
+def http_get(address, path, token=None):
+    """(status, body) of GET http://address/path, with a bearer token if given."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(f"http://{address}{path}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
 def kvpoolctl_until(argv, env, want, tries=30):
     """Runs kvpoolctl argv until it exits 0 printing `want` (once a second); the last result."""
     import time

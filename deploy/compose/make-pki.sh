@@ -8,10 +8,21 @@
 #   tokens                     the master's --auth-tokens file
 #   segment-1.token, segment-2.token   each segment's token, bound to its --name
 #   admin.token, engine.token, reader.token   kvpoolctl, engines (global namespace), readers
+# A second directory ($2), if given, gets a world-readable copy of reader.token alone, for
+# Prometheus (which runs as another user) to scrape /metrics with.
 # deploy/checks/check_compose.py runs this script and a pool on what it makes.
 set -eu
 dir=${1:-/etc/kvpool-pki}
+scrape=${2:-}
+copy_reader_token() {
+  if [ -n "$scrape" ]; then
+    cp "$dir/reader.token" "$scrape/reader.token.tmp"
+    chmod 0444 "$scrape/reader.token.tmp"
+    mv "$scrape/reader.token.tmp" "$scrape/reader.token"
+  fi
+}
 if [ -s "$dir/tokens" ] && [ -s "$dir/master.crt" ]; then
+  copy_reader_token
   echo "make-pki: $dir already holds a CA, the master's certificate and tokens; kept"
   exit 0
 fi
@@ -40,4 +51,5 @@ for f in ca.crt master.crt master.key tokens segment-1.token segment-2.token adm
   cp "$work/$f" "$dir/$f.tmp"
   mv "$dir/$f.tmp" "$dir/$f"
 done
+copy_reader_token
 echo "make-pki: made a CA, the master's certificate and tokens in $dir"
