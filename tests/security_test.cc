@@ -694,7 +694,7 @@ TEST(HttpAuthTest, PagesBeyondLoopbackNeedAReaderOrAdminToken) {
     EXPECT_TRUE(reply.ok()) << reply.status();
     return reply.ok() ? *reply : testing::HttpReply{};
   };
-  for (const std::string& path : {"/metrics", "/get_all_segments"}) {
+  for (const char* path : {"/metrics", "/get_all_segments"}) {
     EXPECT_EQ(fetch(http, path, "").status, 401) << path;
     EXPECT_EQ(fetch(http, path, "guessed-token-0000000001").status, 401) << path;
     testing::HttpReply engine = fetch(http, path, kEngineA);
