@@ -199,11 +199,11 @@ class Run {
         int s = in_.ConsumeIntegralInRange<int>(0, 2);
         switch (in_.ConsumeIntegralInRange<int>(0, 2)) {
           case 0:
-            master_.DrainSegment(kSegments[s]);
+            master_.DrainSegment(kSegments[s]).IgnoreError();
             master_.FinishDrains();
             break;
           case 1:
-            master_.UnmountSegment(kSegments[s], incarnation_[s]);
+            master_.UnmountSegment(kSegments[s], incarnation_[s]).IgnoreError();
             mounted_.erase(s);
             break;
           default:
