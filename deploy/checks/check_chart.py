@@ -918,7 +918,7 @@ def check_kubectl(c, helmrender, kubectl_bin):
             c.check(r.returncode == 0, f"{case}: kubectl cannot parse the manifests: {r.stderr.strip()}")
             names = sorted(r.stdout.split())
             want = sorted(f"{o['kind'].lower()}/{o['metadata']['name']}" for o in objects)
-            got = sorted(re.sub(r"^(\w+)\.[\w.]+/", r"\1/", n) for n in names)
+            got = sorted(re.sub(r"^(\w+)\.[\w.-]+/", r"\1/", n) for n in names)
             c.check(got == want, f"{case}: kubectl read {got}, want {want}")
             for o in objects:
                 kind, name = o["kind"], o["metadata"]["name"]
