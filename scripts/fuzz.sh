@@ -11,7 +11,9 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(frame_fuzz capability_fuzz credential_table_fuzz size_fuzz exposure_fuzz)
+  targets=(frame_fuzz capability_fuzz credential_table_fuzz size_fuzz exposure_fuzz
+           shm_handshake_fuzz rdma_handshake_fuzz store_config_fuzz http_request_fuzz
+           master_core_fuzz)
 fi
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVPOOL_FUZZ=ON \

@@ -29,6 +29,8 @@ test_packages=(
   # deploy checks (deploy/CMakeLists.txt): PyYAML, and Go with the sources of Helm's template
   # functions, to build deploy/tools/helmrender offline
   python3-yaml golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev
+  # scripts/fuzz.sh (and .ci/run's short fuzz run): clang with libFuzzer (compiler-rt)
+  clang libclang-rt-dev
 )
 
 packages=("${build_packages[@]}")

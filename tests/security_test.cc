@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
 #include "kvpool/client.h"
@@ -690,6 +691,52 @@ TEST(SafeDefaultsTest, ANonLoopbackBindNeedsTlsAndAuthOrInsecure) {
   EXPECT_TRUE(absl::StrContains(*warning, "without TLS (--tls-cert/--tls-key) and authentication"))
       << *warning;
   EXPECT_TRUE((*insecure)->WaitForLine("kvpool-master listening", absl::Seconds(30)).ok());
+}
+
+// The HTTP pages beyond loopback: a raw HTTP client without a token, with an unknown one, with
+// an engine's, and with a reader's and an admin's; the probes' pages stay open.
+TEST(HttpAuthTest, PagesBeyondLoopbackNeedAReaderOrAdminToken) {
+  std::string dir = TestDir();
+  std::string tokens = WriteFile(dir + "/tokens-http", TokenRules());
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(
+      {"--embedded-segment-size=0", "--auth-tokens=" + tokens, "--http-listen=0.0.0.0:0",
+       "--insecure"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  std::string http = absl::StrCat("127.0.0.1:", ParseHostPort(master->http)->port);
+  auto fetch = [&](const std::string& address, const std::string& path,
+                   const std::string& token) {
+    absl::StatusOr<testing::HttpReply> reply = testing::HttpFetch(
+        address, path, token.empty() ? "" : absl::StrCat("Authorization: Bearer ", token, "\r\n"));
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? *reply : testing::HttpReply{};
+  };
+  for (const char* path : {"/metrics", "/get_all_segments"}) {
+    EXPECT_EQ(fetch(http, path, "").status, 401) << path;
+    EXPECT_EQ(fetch(http, path, "guessed-token-0000000001").status, 401) << path;
+    testing::HttpReply engine = fetch(http, path, kEngineA);
+    EXPECT_EQ(engine.status, 403) << path;
+    EXPECT_TRUE(absl::StrContains(engine.body, "role engine")) << engine.body;
+    EXPECT_EQ(fetch(http, path, kReader).status, 200) << path;
+    EXPECT_EQ(fetch(http, path, kAdmin).status, 200) << path;
+  }
+  EXPECT_TRUE(absl::StrContains(fetch(http, "/metrics", kReader).body, "kvpool_auth_rules"));
+  EXPECT_FALSE(absl::StrContains(fetch(http, "/metrics", "").body, "kvpool_"));
+  EXPECT_EQ(fetch(http, "/healthz", "").status, 200);
+  EXPECT_EQ(fetch(http, "/readyz", "").status, 200);
+
+  // A segment with --http-token-file: its /metrics only with that token.
+  std::string reader_file = WriteFile(dir + "/reader.token", kReader);
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(
+      master->grpc, "16MiB",
+      {"--name=seg-1", "--auth-token-file=" + WriteFile(dir + "/seg-1-http.token", kSegment1),
+       "--http-token-file=" + reader_file});
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(fetch(segment->http, "/metrics", "").status, 401);
+  EXPECT_EQ(fetch(segment->http, "/metrics", kAdmin).status, 401);
+  testing::HttpReply scraped = fetch(segment->http, "/metrics", kReader);
+  EXPECT_EQ(scraped.status, 200);
+  EXPECT_TRUE(absl::StrContains(scraped.body, "kvpool_segment_")) << scraped.body.substr(0, 200);
+  EXPECT_EQ(fetch(segment->http, "/healthz", "").status, 200);
 }
 
 TEST(SafeDefaultsTest, TheDefaultPoolIsLoopbackOnlyAndSaysSo) {

@@ -48,6 +48,12 @@ CASES = [
     ("three masters with the chart's etcd", ["--set", "highAvailability.enabled=true"]),
     ("three masters with an external etcd", ["--set", "highAvailability.enabled=true",
                                              "--set", "highAvailability.etcd.endpoints=e1:2379,e2:2379"]),
+    ("cert-manager installed", ["--api-versions", "cert-manager.io/v1"]),
+    ("certificates and tokens from Secrets", ["--set", "tls.source=secret",
+                                              "--set", "tls.existingSecret=my-tls",
+                                              "--set", "auth.existingSecret=my-auth"]),
+    ("no TLS, no tokens, insecure", ["--set", "tls.enabled=false", "--set", "auth.enabled=false",
+                                     "--set", "insecure=true"]),
 ]
 # (helmrender arguments, text the error must contain) of the renders that must fail.
 FAILING = [
@@ -60,6 +66,10 @@ FAILING = [
      "multiple of 2"),
     (["--set", "segment.resources.requests.memory=1Gi"], "do not set memory"),
     (["--set", "image.repository="], "image.repository is required"),
+    (["--set", "tls.enabled=false"], "set insecure=true to mean it"),
+    (["--set", "auth.enabled=false"], "set insecure=true to mean it"),
+    (["--set", "tls.source=secret"], "tls.existingSecret is required"),
+    (["--set", "tls.source=vault"], "is not auto, certManager, helm or secret"),
 ]
 
 
@@ -175,6 +185,15 @@ KNOWN_FIELDS = {
                            "enableHttp2", "filterRunning"},
     },
     "PrometheusRule": {"": {"apiVersion", "kind", "metadata", "spec"}, "spec": {"groups"}},
+    "Secret": {"": {"apiVersion", "kind", "metadata", "type", "data", "stringData", "immutable"}},
+    "Issuer": {"": {"apiVersion", "kind", "metadata", "spec"}, "spec": {"selfSigned", "ca"}},
+    "Certificate": {
+        "": {"apiVersion", "kind", "metadata", "spec"},
+        "spec": {"isCA", "commonName", "secretName", "duration", "renewBefore", "privateKey",
+                 "usages", "dnsNames", "ipAddresses", "issuerRef", "subject"},
+        "spec.privateKey": {"algorithm", "size", "encoding", "rotationPolicy"},
+        "spec.issuerRef": {"name", "kind", "group"},
+    },
 }
 METADATA_FIELDS = {"name", "labels", "annotations"}
 
@@ -340,7 +359,7 @@ def check_workload(c, case, objects, workload, binary, values, expect):
         c.check(cm_name in cms, f"{what}: {m.group(1)} is not a mounted ConfigMap that exists")
         flag_text = dig(cms.get(cm_name, {}), "data", m.group(2))
         c.check(isinstance(flag_text, str), f"{what}: ConfigMap {cm_name} has no key {m.group(2)}")
-    return {"container": ctr, "args": args, "flag_text": flag_text, "what": what}
+    return {"container": ctr, "pod": pod, "args": args, "flag_text": flag_text, "what": what}
 
 
 def flag_lines(text):
@@ -393,6 +412,270 @@ def check_service(c, case, service, workload, run, expect_ports):
     c.check(got == expect_ports, f"{what}: ports {got}, want {expect_ports}")
 
 
+# --- security: TLS and tokens ------------------------------------------------------------------
+
+TLS_DIR, AUTH_DIR = "/etc/kvpool-tls", "/etc/kvpool-auth"
+
+
+def tls_source(v, extra):
+    """Where the master's certificate comes from in this render, None with TLS off."""
+    if not v["tls"]["enabled"]:
+        return None
+    source = v["tls"]["source"]
+    if source == "auto":
+        source = "certManager" if "cert-manager.io/v1" in extra else "helm"
+    return source
+
+
+def secret_mounts(v):
+    mounts = {}
+    if v["tls"]["enabled"]:
+        mounts[TLS_DIR] = ("secret", None)
+    if v["auth"]["enabled"]:
+        mounts[AUTH_DIR] = ("secret", None)
+    return mounts
+
+
+def projected(run, directory):
+    """{file: (secret, key)} of the Secret volume mounted at `directory` in run's pod."""
+    mount = next((m for m in run["container"].get("volumeMounts", [])
+                  if m["mountPath"] == directory), None)
+    volume = next((x for x in run["pod"].get("volumes", [])
+                   if mount and x["name"] == mount["name"]), None)
+    secret = dig(volume, "secret", default={})
+    return {i["path"]: (secret.get("secretName"), i["key"]) for i in secret.get("items", [])}
+
+
+def file_from(run, path):
+    """(secret, key) a pod's file comes from, or None."""
+    directory, _, name = (path or "").rpartition("/")
+    return projected(run, directory).get(name)
+
+
+def env_value(run, name):
+    return next((e.get("value") for e in run["container"].get("env", []) if e["name"] == name),
+                None)
+
+
+def openssl(*args, stdin=None):
+    return subprocess.run(["openssl", *args], capture_output=True, text=True, input=stdin)
+
+
+def check_security(c, case, objects, v, source, mrun, mflags, srun, sflags, master_host):
+    """TLS and tokens are on unless insecure=true says otherwise, every pod gets its files from
+    a Secret that the render (or the user) provides, and a segment gets no more than it needs."""
+    import base64
+    runs = [(mrun, mflags, "master")] + ([(srun, sflags, "segment")] if srun else [])
+    for run, flags, name in runs:
+        if run is None:
+            continue
+        c.check(("insecure" in flags) == bool(v["insecure"]),
+                f"{case}: {name} gets --insecure {'without' if 'insecure' in flags else 'with'} "
+                f"insecure=true")
+        if not source:
+            c.check(not any(f.startswith("tls_") and f != "tls_reload_interval" for f in flags),
+                    f"{case}: {name} has TLS flags with tls.enabled=false")
+        if not v["auth"]["enabled"]:
+            c.check(not any(f.startswith(("auth_", "http_token")) for f in flags),
+                    f"{case}: {name} has token flags with auth.enabled=false")
+    if mrun is None:
+        return
+    secrets = {o["metadata"]["name"]: o for o in by_kind(objects, "Secret")}
+    decoded = {}
+    if source:
+        tls_secret = (file_from(mrun, mflags.get("tls_cert")) or (None,))[0]
+        c.check(file_from(mrun, mflags.get("tls_cert")) == (tls_secret, "tls.crt") and
+                file_from(mrun, mflags.get("tls_key")) == (tls_secret, "tls.key") and
+                file_from(mrun, env_value(mrun, "KVPOOL_TLS_CA")) == (tls_secret, "ca.crt"),
+                f"{case}: the master's --tls-cert/--tls-key and KVPOOL_TLS_CA are not tls.crt, "
+                f"tls.key and ca.crt of one Secret ({mflags.get('tls_cert')}, "
+                f"{mflags.get('tls_key')})")
+        if srun:
+            c.check(file_from(srun, sflags.get("tls_ca")) == (tls_secret, "ca.crt"),
+                    f"{case}: segment --tls-ca {sflags.get('tls_ca')} is not ca.crt of {tls_secret}")
+            c.check(set(projected(srun, TLS_DIR)) == {"ca.crt"},
+                    f"{case}: segments get {sorted(projected(srun, TLS_DIR))} of the TLS Secret; "
+                    f"they need only ca.crt (never the master's key)")
+        if source == "secret":
+            c.check(tls_secret == v["tls"]["existingSecret"] and tls_secret not in secrets,
+                    f"{case}: the pods should use tls.existingSecret {v['tls']['existingSecret']}, "
+                    f"got {tls_secret}")
+        elif source == "certManager":
+            certs = {dig(o, "spec", "secretName"): o for o in by_kind(objects, "Certificate")}
+            issuers = {o["metadata"]["name"]: o for o in by_kind(objects, "Issuer")}
+            cert = certs.get(tls_secret)
+            c.check(cert is not None, f"{case}: no cert-manager Certificate makes {tls_secret}")
+            if cert:
+                c.check(master_host in dig(cert, "spec", "dnsNames", default=[]) and
+                        "127.0.0.1" in dig(cert, "spec", "ipAddresses", default=[]),
+                        f"{case}: the master's Certificate lacks {master_host} or 127.0.0.1: "
+                        f"{dig(cert, 'spec', 'dnsNames')}")
+                c.check("server auth" in dig(cert, "spec", "usages", default=[]),
+                        f"{case}: the master's Certificate needs usage 'server auth'")
+                ca_issuer = issuers.get(dig(cert, "spec", "issuerRef", "name"))
+                ca_cert = certs.get(dig(ca_issuer, "spec", "ca", "secretName"))
+                root = issuers.get(dig(ca_cert, "spec", "issuerRef", "name"))
+                c.check(dig(ca_cert, "spec", "isCA") is True and
+                        dig(root, "spec", "selfSigned") == {},
+                        f"{case}: the master's Certificate is not signed by a CA Issuer whose "
+                        f"CA Certificate is self-signed")
+        elif source == "helm":
+            secret = secrets.get(tls_secret)
+            c.check(secret is not None and secret.get("type") == "kubernetes.io/tls" and
+                    set(secret.get("data", {})) == {"tls.crt", "tls.key", "ca.crt"},
+                    f"{case}: Secret {tls_secret} should be kubernetes.io/tls with tls.crt, "
+                    f"tls.key and ca.crt")
+            if secret:
+                with tempfile.TemporaryDirectory() as tmp:
+                    for key, value in secret.get("data", {}).items():
+                        decoded[(tls_secret, key)] = base64.b64decode(value)
+                        pathlib.Path(tmp, key).write_bytes(decoded[(tls_secret, key)])
+                    r = openssl("verify", "-CAfile", f"{tmp}/ca.crt", f"{tmp}/tls.crt")
+                    c.check(r.returncode == 0, f"{case}: the generated certificate does not "
+                            f"verify against the generated CA: {r.stdout}{r.stderr}")
+                    r = openssl("x509", "-in", f"{tmp}/tls.crt", "-noout", "-ext",
+                                "subjectAltName")
+                    c.check(f"DNS:{master_host}" in r.stdout and "IP Address:127.0.0.1" in r.stdout,
+                            f"{case}: the generated certificate's SANs lack {master_host} or "
+                            f"127.0.0.1: {r.stdout.strip()}")
+    if v["auth"]["enabled"]:
+        auth_secret = (file_from(mrun, mflags.get("auth_tokens")) or (None,))[0]
+        want = v["auth"]["existingSecret"] or f"{RELEASE}-kvpool-auth"
+        c.check(auth_secret == want and
+                file_from(mrun, mflags.get("auth_tokens")) == (want, "tokens") and
+                file_from(mrun, env_value(mrun, "KVPOOL_AUTH_TOKEN_FILE")) == (want, "admin.token"),
+                f"{case}: the master's --auth-tokens and KVPOOL_AUTH_TOKEN_FILE should be tokens "
+                f"and admin.token of Secret {want}")
+        if srun:
+            c.check(file_from(srun, sflags.get("auth_token_file")) == (want, "segment.token") and
+                    file_from(srun, sflags.get("http_token_file")) == (want, "reader.token") and
+                    set(projected(srun, AUTH_DIR)) == {"segment.token", "reader.token"},
+                    f"{case}: segments should get only segment.token (--auth-token-file) and "
+                    f"reader.token (--http-token-file) of {want}, got "
+                    f"{sorted(projected(srun, AUTH_DIR))}")
+        for sm in by_kind(objects, "ServiceMonitor"):
+            for ep in dig(sm, "spec", "endpoints", default=[]):
+                c.check(ep.get("bearerTokenSecret") == {"name": want, "key": "reader.token"},
+                        f"{case}: the ServiceMonitor should scrape with reader.token of {want}")
+        secret = secrets.get(want)
+        c.check((secret is None) == bool(v["auth"]["existingSecret"]),
+                f"{case}: Secret {want} should be rendered exactly when auth.existingSecret is empty")
+        if secret:
+            data = {k: base64.b64decode(x).decode() for k, x in secret.get("data", {}).items()}
+            decoded.update({(want, k): x.encode() for k, x in data.items()})
+            rules = {}
+            for line in data.get("tokens", "").splitlines():
+                fields = line.split("#", 1)[0].split()
+                if fields:
+                    c.check(fields[0] == "token" and len(fields) in (4, 5),
+                            f"{case}: bad line in the generated credentials file: {line}")
+                    rules[fields[1]] = fields[2:4]
+            for file, identity, role in (("segment.token", "*", "segment"),
+                                         ("admin.token", "admin", "admin"),
+                                         ("engine.token", "engine", "engine"),
+                                         ("reader.token", "prometheus", "reader")):
+                token = data.get(file, "")
+                c.check(len(token) >= 32 and rules.get(token) == [identity, role],
+                        f"{case}: {file} should be a random token of identity {identity}, role "
+                        f"{role} in the credentials file")
+    if case == "default values" and source == "helm" and srun:
+        run_rendered_pool(c, case, mrun, srun, decoded, master_host)
+
+
+def run_rendered_pool(c, case, mrun, srun, files, master_host):
+    """Runs the built kvpool-master and kvpool-segment with the rendered flag files and the
+    rendered Secrets' files (paths moved to a temporary directory, ports 0, a small pool), and
+    checks that the segment mounts over TLS with its token and that kvpoolctl with the master
+    pod's environment sees it, while kvpoolctl without a token or without TLS is refused."""
+    binaries = {b: lib.binary_path(b) for b in ("kvpool-master", "kvpool-segment", "kvpoolctl")}
+    if not all(binaries.values()):
+        c.note("kvpool-master/segment/kvpoolctl not built: the rendered pool was not started")
+        return
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def materialise(run, tag):
+            moved = {}
+            for directory in (TLS_DIR, AUTH_DIR):
+                here = pathlib.Path(tmp, tag + directory.replace("/", "_"))
+                here.mkdir()
+                for name, ref in projected(run, directory).items():
+                    (here / name).write_bytes(files.get(ref, b""))
+                moved[directory] = str(here)
+            text = run["flag_text"]
+            for directory, here in moved.items():
+                text = text.replace(directory + "/", here + "/")
+            return text, moved
+
+        def flagfile(text, replace, tag):
+            lines = []
+            for line in text.splitlines():
+                name = line.strip().lstrip("-").split("=", 1)[0]
+                lines.append(f"--{name}={replace[name]}" if name in replace else line)
+            path = pathlib.Path(tmp, tag + ".flags")
+            path.write_text("\n".join(lines) + "\n")
+            return str(path)
+
+        try:
+            mtext, mdirs = materialise(mrun, "master")
+            # 0.0.0.0: not loopback, so the master starts only because TLS and tokens are on.
+            mflag = flagfile(mtext, {"listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0"},
+                             "master")
+            master, m, seen = lib.start_process(
+                [binaries["kvpool-master"], f"--flagfile={mflag}"],
+                r"listening grpc=\S*:(\d+) http=\S*:(\d+) .*tls=on auth=on http_auth=on")
+            procs.append(master)
+            if not c.check(m is not None, f"{case}: kvpool-master with the rendered flags did not "
+                           f"start with tls=on auth=on: {''.join(seen)[-800:]}"):
+                return
+            port, master_http = m.group(1), m.group(2)
+            stext, _ = materialise(srun, "segment")
+            sflag = flagfile(stext, {"master": f"127.0.0.1:{port}", "listen": "0.0.0.0:0",
+                                     "http_listen": "0.0.0.0:0", "size": "64MiB",
+                                     "prefault": "false"}, "segment")
+            # The pods dial the Service's name: check the certificate against it.
+            segment, m, seen = lib.start_process(
+                [binaries["kvpool-segment"], f"--flagfile={sflag}", "--name=node-a",
+                 "--advertise-host=127.0.0.1", f"--tls_server_name={master_host}"],
+                r"kvpool-segment listening .*http=\S*:(\d+)")
+            procs.append(segment)
+            if not c.check(m is not None, f"{case}: kvpool-segment with the rendered flags did "
+                           f"not mount: {''.join(seen)[-800:]}"):
+                return
+            # What the ServiceMonitor's scrape sees: /metrics with reader.token, not without.
+            reader = files.get(file_from(srun, f"{AUTH_DIR}/reader.token"), b"").decode()
+            for who, http_port in (("master", master_http), ("segment", m.group(1))):
+                status, _ = lib.http_get(f"127.0.0.1:{http_port}", "/metrics")
+                c.check(status == 401, f"{case}: {who} /metrics without a token answered {status}")
+                status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics", reader)
+                c.check(status == 200 and "kvpool_" in body,
+                        f"{case}: {who} /metrics with reader.token answered {status}")
+                status, _ = lib.http_get(f"127.0.0.1:{http_port}", "/healthz")
+                c.check(status == 200, f"{case}: {who} /healthz (the probe) answered {status}")
+            pod_env = dict(os.environ,
+                           KVPOOL_TLS_CA=env_value(mrun, "KVPOOL_TLS_CA").replace(
+                               TLS_DIR, mdirs[TLS_DIR]),
+                           KVPOOL_AUTH_TOKEN_FILE=env_value(mrun, "KVPOOL_AUTH_TOKEN_FILE").replace(
+                               AUTH_DIR, mdirs[AUTH_DIR]))
+            ctl = [binaries["kvpoolctl"], f"--master=127.0.0.1:{port}", "status"]
+            r = lib.kvpoolctl_until(ctl, pod_env, "node-a")
+            c.check(r.returncode == 0 and "node-a" in r.stdout,
+                    f"{case}: kvpoolctl status in the master pod's environment does not list "
+                    f"segment node-a: {r.stdout}{r.stderr}")
+            stranger = dict(pod_env)
+            del stranger["KVPOOL_AUTH_TOKEN_FILE"]
+            r = subprocess.run(ctl, capture_output=True, text=True, env=stranger, timeout=30)
+            c.check(r.returncode != 0 and "requires authentication" in r.stdout + r.stderr,
+                    f"{case}: kvpoolctl without a token should be refused as unauthenticated: "
+                    f"{r.returncode} {r.stdout}{r.stderr}")
+            plain = dict(stranger)
+            del plain["KVPOOL_TLS_CA"]
+            r = subprocess.run(ctl, capture_output=True, text=True, env=plain, timeout=30)
+            c.check(r.returncode != 0, f"{case}: plaintext kvpoolctl should fail against the "
+                    f"TLS master: {r.stdout}")
+        finally:
+            lib.stop_processes(procs)
+
+
 def check_case(c, helmrender, case, extra):
     code, manifests, err, notes = render(helmrender, extra, notes=True)
     c.check(code == 0, f"{case}: render failed: {err.strip()}")
@@ -419,6 +702,13 @@ def check_case(c, helmrender, case, extra):
         want.append("PodDisruptionBudget")
     if chart_etcd:
         want += ["StatefulSet", "Service", "Service", "PodDisruptionBudget"]
+    source = tls_source(v, extra)
+    if source == "certManager":
+        want += ["Issuer", "Issuer", "Certificate", "Certificate"]
+    elif source == "helm":
+        want.append("Secret")
+    if v["auth"]["enabled"] and not v["auth"]["existingSecret"]:
+        want.append("Secret")
     c.check(kinds == sorted(want), f"{case}: objects {kinds}, want {sorted(want)}")
 
     image = f"{v['image']['repository']}:{v['image']['tag'] or lib.load_yaml(CHART / 'Chart.yaml')['appVersion']}"
@@ -440,7 +730,7 @@ def check_case(c, helmrender, case, extra):
         "image": image, "ports": master_ports,
         "probes": {"livenessProbe": "/healthz",
                    "readinessProbe": "/readyz?standby=ok" if ha["enabled"] else "/readyz"},
-        "volumes": {"/etc/kvpool": ("configMap", None)},
+        "volumes": {"/etc/kvpool": ("configMap", None), **secret_mounts(v)},
         "memory_mib": int(m["memoryMiB"]) + embedded,
     })
     mflags = check_flags(c, "kvpool-master", mrun)
@@ -487,7 +777,8 @@ def check_case(c, helmrender, case, extra):
     if segment_on:
         hugepages = s["hugepages"]["enabled"]
         pool = int(s["pool"]["sizeMiB"])
-        volumes = {"/etc/kvpool": ("configMap", None), "/dev/shm": ("emptyDir", "Memory")}
+        volumes = {"/etc/kvpool": ("configMap", None), "/dev/shm": ("emptyDir", "Memory"),
+                   **secret_mounts(v)}
         if hugepages:
             volumes["/dev/hugepages"] = ("emptyDir", "HugePages")
         segment = one(c, objects, "DaemonSet", "segment")
@@ -530,6 +821,9 @@ def check_case(c, helmrender, case, extra):
         services.append(seg_svc)
     else:
         c.check(not by_kind(objects, "DaemonSet"), f"{case}: segment.enabled=false renders a DaemonSet")
+        srun, sflags = None, {}
+    check_security(c, case, objects, v, source, mrun, mflags, srun, sflags,
+                   master_svc and f"{master_svc['metadata']['name']}.{NAMESPACE}.svc")
 
     jobs = prometheus_jobs()
     if v["serviceMonitor"]["enabled"]:
@@ -713,7 +1007,7 @@ def check_kubectl(c, helmrender, kubectl_bin):
             c.check(r.returncode == 0, f"{case}: kubectl cannot parse the manifests: {r.stderr.strip()}")
             names = sorted(r.stdout.split())
             want = sorted(f"{o['kind'].lower()}/{o['metadata']['name']}" for o in objects)
-            got = sorted(re.sub(r"^(\w+)\.[\w.]+/", r"\1/", n) for n in names)
+            got = sorted(re.sub(r"^(\w+)\.[\w.-]+/", r"\1/", n) for n in names)
             c.check(got == want, f"{case}: kubectl read {got}, want {want}")
             for o in objects:
                 kind, name = o["kind"], o["metadata"]["name"]

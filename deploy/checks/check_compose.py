@@ -71,6 +71,171 @@ def command_of(svc):
     return shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
 
 
+PKI_DIR = "/etc/kvpool-pki"
+
+
+def check_security(c, services, commands, kvpool_services):
+    """TLS and tokens on by default: no --insecure; the master's certificate, key and
+    credentials file and each segment's CA and token come from the volume the one-shot pki
+    service fills with make-pki.sh. Runs make-pki.sh into a temporary directory and checks what
+    it makes (the certificate verifies against the CA with the name segments dial, each
+    segment's token is bound to its --name), then starts the built master and a segment with
+    the compose flags on those files and checks that kvpoolctl with the master container's
+    environment sees the segment, and that a token-less kvpoolctl is refused."""
+    import subprocess
+    import tempfile
+    pki = services.get("pki", {})
+    script_mount = next((mount_source(v) for v in pki.get("volumes", [])
+                         if mount_source(v)[0].endswith("make-pki.sh")), None)
+    c.check(script_mount is not None and pki.get("entrypoint", [None, None])[1:2] ==
+            [script_mount[1]], "pki: should run make-pki.sh, mounted from deploy/compose")
+    pki_volume = next((mount_source(v)[0] for v in pki.get("volumes", [])
+                       if mount_source(v)[1] == PKI_DIR), None)
+    c.check(pki_volume is not None, f"pki: should write a volume mounted at {PKI_DIR}")
+    for name, args in commands.items():
+        c.check(lib.flag_value(args, "insecure") is None and "--insecure" not in args,
+                f"{name}: --insecure in the default compose file")
+        mounts = {mount_source(v)[1]: mount_source(v) for v in services[name].get("volumes", [])}
+        c.check(mounts.get(PKI_DIR, (None,))[0] == pki_volume and mounts[PKI_DIR][2],
+                f"{name}: should mount the pki volume read-only at {PKI_DIR}")
+        c.check(dict(services[name].get("depends_on") or {}).get("pki", {}).get("condition") ==
+                "service_completed_successfully" or "master" in (services[name].get("depends_on")
+                                                                or {}),
+                f"{name}: should start after pki (directly or through the master)")
+        wanted = (("tls_cert", "master.crt"), ("tls_key", "master.key"),
+                  ("auth_tokens", "tokens")) if kvpool_services[name] == "kvpool-master" else \
+            (("tls_ca", "ca.crt"), ("auth_token_file", f"{name}.token"),
+             ("http_token_file", "reader.token"))
+        for flag, file in wanted:
+            c.check(lib.flag_value(args, flag) == f"{PKI_DIR}/{file}",
+                    f"{name}: --{flag.replace('_', '-')} should be {PKI_DIR}/{file}, got "
+                    f"{lib.flag_value(args, flag)}")
+    env = services.get("master", {}).get("environment", {})
+    c.check(env.get("KVPOOL_TLS_CA") == f"{PKI_DIR}/ca.crt" and
+            env.get("KVPOOL_AUTH_TOKEN_FILE") == f"{PKI_DIR}/admin.token",
+            "master: KVPOOL_TLS_CA and KVPOOL_AUTH_TOKEN_FILE should let kvpoolctl in the "
+            "container call the master")
+    # Prometheus scrapes with the reader token that pki writes, alone, to the scrape volume.
+    entry = pki.get("entrypoint", [])
+    scrape_volume = next((mount_source(v)[0] for v in pki.get("volumes", [])
+                          if len(entry) > 3 and mount_source(v)[1] == entry[3]), None)
+    prom_mounts = {mount_source(v)[0]: mount_source(v)
+                   for v in services.get("prometheus", {}).get("volumes", [])}
+    c.check(scrape_volume is not None and scrape_volume in prom_mounts and
+            prom_mounts[scrape_volume][2] and pki_volume not in prom_mounts,
+            "prometheus: should mount the scrape volume pki writes (read-only), and not the "
+            "pki volume")
+    token_file = (prom_mounts.get(scrape_volume, (None, "?"))[1] + "/reader.token")
+    config = lib.load_yaml(ROOT / "deploy/prometheus/prometheus.yml")
+    for job in config.get("scrape_configs", []):
+        if job["job_name"] in ("kvpool-master", "kvpool-segment"):
+            c.check(job.get("authorization") == {"type": "Bearer", "credentials_file": token_file},
+                    f"prometheus job {job['job_name']}: should send the reader token "
+                    f"{token_file}, got {job.get('authorization')}")
+    if script_mount is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as scrape:
+        script = str((COMPOSE.parent / script_mount[0]).resolve())
+        r = subprocess.run(["sh", script, tmp, scrape], capture_output=True, text=True,
+                           timeout=120)
+        if not c.check(r.returncode == 0, f"make-pki.sh failed: {r.stdout}{r.stderr}"):
+            return
+        c.check(sorted(os.listdir(scrape)) == ["reader.token"] and
+                pathlib.Path(scrape, "reader.token").read_bytes() ==
+                pathlib.Path(tmp, "reader.token").read_bytes(),
+                f"make-pki.sh: the scrape directory should hold reader.token alone, got "
+                f"{sorted(os.listdir(scrape))}")
+        again = subprocess.run(["sh", script, tmp, scrape], capture_output=True, text=True,
+                               timeout=120)
+        c.check(again.returncode == 0 and "kept" in again.stdout,
+                f"make-pki.sh run again should keep what it made: {again.stdout}")
+        r = subprocess.run(["openssl", "verify", "-CAfile", f"{tmp}/ca.crt", f"{tmp}/master.crt"],
+                           capture_output=True, text=True)
+        c.check(r.returncode == 0, f"make-pki.sh: master.crt does not verify: {r.stdout}{r.stderr}")
+        r = subprocess.run(["openssl", "x509", "-in", f"{tmp}/master.crt", "-noout", "-ext",
+                            "subjectAltName"], capture_output=True, text=True)
+        c.check("DNS:master" in r.stdout and "IP Address:127.0.0.1" in r.stdout,
+                f"make-pki.sh: master.crt's SANs should name master and 127.0.0.1: {r.stdout}")
+        rules = {}
+        for line in pathlib.Path(tmp, "tokens").read_text().splitlines():
+            fields = line.split("#", 1)[0].split()
+            if fields:
+                rules[fields[1]] = fields[2:4]
+        for name, args in commands.items():
+            if kvpool_services[name] == "kvpool-segment":
+                token = pathlib.Path(tmp, f"{name}.token").read_text()
+                c.check(rules.get(token) == [lib.flag_value(args, "name"), "segment"],
+                        f"make-pki.sh: {name}.token should be bound to segment name "
+                        f"{lib.flag_value(args, 'name')}, got {rules.get(token)}")
+        c.check(rules.get(pathlib.Path(tmp, "admin.token").read_text(), [None, None])[1] ==
+                "admin", "make-pki.sh: admin.token should have role admin")
+        c.check(rules.get(pathlib.Path(tmp, "reader.token").read_text(), [None, None])[1] ==
+                "reader", "make-pki.sh: reader.token should have role reader")
+        run_pool(c, commands, env, tmp)
+
+
+def run_pool(c, commands, env, pki):
+    binaries = {b: lib.binary_path(b) for b in ("kvpool-master", "kvpool-segment", "kvpoolctl")}
+    if not all(binaries.values()):
+        c.note("kvpool-master/segment/kvpoolctl not built: the compose pool was not started")
+        return
+    import subprocess
+
+    def local(args, replace):
+        out = []
+        for a in args:
+            name = lib.flag_name(a)
+            out.append(f"--{name}={replace[name]}" if name in replace
+                       else a.replace(PKI_DIR + "/", pki + "/"))
+        return out
+
+    procs = []
+    try:
+        # 0.0.0.0: not loopback, so the master starts only with TLS and tokens on.
+        margs = local(commands["master"], {"listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0"})
+        master, m, seen = lib.start_process(
+            [binaries["kvpool-master"]] + margs,
+            r"listening grpc=\S*:(\d+) http=\S*:(\d+) .*tls=on auth=on http_auth=on")
+        procs.append(master)
+        if not c.check(m is not None, f"master with the compose flags did not start with "
+                       f"tls=on auth=on: {''.join(seen)[-800:]}"):
+            return
+        port, master_http = m.group(1), m.group(2)
+        sargs = local(commands["segment-1"], {
+            "master": f"127.0.0.1:{port}", "listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0",
+            "size": "64MiB", "advertise_host": "127.0.0.1"})
+        # Segments dial "master": check the certificate against that name.
+        segment, m, seen = lib.start_process(
+            [binaries["kvpool-segment"]] + sargs + ["--tls_server_name=master", "--prefault=false"],
+            r"kvpool-segment listening .*http=\S*:(\d+)")
+        procs.append(segment)
+        if not c.check(m is not None, f"segment-1 with the compose flags did not mount: "
+                       f"{''.join(seen)[-800:]}"):
+            return
+        # What Prometheus sees: /metrics with its token, and nothing without.
+        reader = pathlib.Path(pki, "reader.token").read_text()
+        for who, http_port in (("master", master_http), ("segment-1", m.group(1))):
+            status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics")
+            c.check(status == 401, f"{who}: /metrics without a token answered {status}")
+            status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics", reader)
+            c.check(status == 200 and "kvpool_" in body,
+                    f"{who}: /metrics with Prometheus's reader token answered {status}")
+            status, _ = lib.http_get(f"127.0.0.1:{http_port}", "/healthz")
+            c.check(status == 200, f"{who}: /healthz (the health check) answered {status}")
+        ctl_env = dict(os.environ, **{k: v.replace(PKI_DIR + "/", pki + "/") for k, v in env.items()})
+        ctl = [binaries["kvpoolctl"], f"--master=127.0.0.1:{port}", "status"]
+        r = lib.kvpoolctl_until(ctl, ctl_env, "segment-1")
+        c.check(r.returncode == 0 and "segment-1" in r.stdout,
+                f"kvpoolctl status with the master container's environment does not list "
+                f"segment-1: {r.stdout}{r.stderr}")
+        stranger = {k: v for k, v in ctl_env.items() if k != "KVPOOL_AUTH_TOKEN_FILE"}
+        r = subprocess.run(ctl, capture_output=True, text=True, env=stranger, timeout=30)
+        c.check(r.returncode != 0 and "requires authentication" in r.stdout + r.stderr,
+                f"kvpoolctl without a token should be refused: {r.returncode} {r.stdout}{r.stderr}")
+    finally:
+        lib.stop_processes(procs)
+
+
 def main():
     compose = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else COMPOSE
     c = lib.Checker("compose" if compose == COMPOSE else f"compose {compose.name}")
@@ -108,7 +273,11 @@ def main():
             if isinstance(cond, dict) and cond.get("condition") == "service_healthy":
                 c.check("healthcheck" in services.get(dep, {}),
                         f"{name}: waits for {dep} to be healthy, but {dep} has no healthcheck")
-        c.check("healthcheck" in svc, f"{name}: no healthcheck")
+        one_shot = str(svc.get("restart")) == "no" and any(
+            dict(other.get("depends_on") or {}).get(name, {}).get("condition") ==
+            "service_completed_successfully" for other in services.values()
+            if isinstance(other.get("depends_on"), dict))
+        c.check("healthcheck" in svc or one_shot, f"{name}: no healthcheck")
         for published in svc.get("ports", []):
             c.check(str(published).startswith("127.0.0.1:"),
                     f"{name}: publish ports on the host's loopback only, not {published}")
@@ -216,6 +385,8 @@ def main():
         c.check(any(m in depends for m in masters), f"{name}: should start after the master")
     if "prometheus" not in services:
         return c.finish()
+
+    check_security(c, services, commands, KVPOOL_SERVICES)
 
     # Prometheus: its configuration is the one in deploy/prometheus, its targets listen.
     prom = services.get("prometheus", {})

@@ -200,6 +200,65 @@ def check_flags_with_binary(binary, args, flagfile_text=None):
             os.unlink(tmp.name)
 
 
+def start_process(argv, pattern, env=None, timeout=60):
+    """Starts argv (stderr into stdout) and reads its output until a line matches `pattern`.
+    Returns (process, match or None, lines read); the caller stops the process."""
+    import re
+    import selectors
+    import time
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline, seen = time.time() + timeout, []
+    while time.time() < deadline:
+        if sel.select(timeout=1):
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return proc, m, seen
+    return proc, None, seen
+
+
+def stop_processes(procs):
+    for p in reversed(procs):
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def http_get(address, path, token=None):
+    """(status, body) of GET http://address/path, with a bearer token if given."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(f"http://{address}{path}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def kvpoolctl_until(argv, env, want, tries=30):
+    """Runs kvpoolctl argv until it exits 0 printing `want` (once a second); the last result."""
+    import time
+    r = None
+    for _ in range(tries):
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+        if r.returncode == 0 and want in r.stdout:
+            break
+        time.sleep(1)
+    return r
+
+
 def flag_name(arg):
     """'--http-listen=0.0.0.0:9003' -> 'http_listen'; None for a non-flag."""
     if not arg.startswith("-"):

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "server/common/listen.h"
 
@@ -16,15 +17,11 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-namespace {
-
-constexpr auto kConnectionDeadline = std::chrono::seconds(10);
-
-HttpRequest Parse(const std::string& target) {
+HttpRequest ParseHttpTarget(absl::string_view target) {
   HttpRequest request;
   size_t question = target.find('?');
-  request.path = target.substr(0, question);
-  if (question == std::string::npos) return request;
+  request.path = std::string(target.substr(0, question));
+  if (question == absl::string_view::npos) return request;
   for (absl::string_view pair : absl::StrSplit(target.substr(question + 1), '&')) {
     if (pair.empty()) continue;
     std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
@@ -33,10 +30,28 @@ HttpRequest Parse(const std::string& target) {
   return request;
 }
 
+HttpResponse HttpRefusal(const absl::Status& status) {
+  int code = status.code() == absl::StatusCode::kUnauthenticated      ? 401
+             : status.code() == absl::StatusCode::kPermissionDenied ? 403
+                                                                     : 500;
+  return HttpResponse{code, "text/plain; charset=utf-8",
+                      absl::StrCat(status.message(), "\n")};
+}
+
+namespace {
+
+constexpr auto kConnectionDeadline = std::chrono::seconds(10);
+
+struct GateRule {
+  HttpServer::Gate gate;
+  absl::flat_hash_set<std::string> open_paths;
+};
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, const absl::flat_hash_map<std::string, HttpServer::Handler>& handlers)
-      : stream_(std::move(socket)), handlers_(handlers) {}
+  Session(tcp::socket socket, const absl::flat_hash_map<std::string, HttpServer::Handler>& handlers,
+          const GateRule& gate)
+      : stream_(std::move(socket)), handlers_(handlers), gate_(gate) {}
 
   void Run() {
     stream_.expires_after(kConnectionDeadline);
@@ -49,10 +64,20 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void Respond() {
     HttpResponse reply;
-    HttpRequest request = Parse(std::string(request_.target()));
+    HttpRequest request =
+        ParseHttpTarget(absl::string_view(request_.target().data(), request_.target().size()));
+    if (auto header = request_.find(http::field::authorization); header != request_.end()) {
+      absl::string_view value(header->value().data(), header->value().size());
+      if (absl::ConsumePrefix(&value, "Bearer ")) request.bearer_token = std::string(value);
+    }
     auto it = handlers_.find(request.path);
+    std::optional<HttpResponse> refused;
+    if (gate_.gate && !gate_.open_paths.contains(request.path)) refused = gate_.gate(request);
     if (request_.method() != http::verb::get && request_.method() != http::verb::head) {
       reply = {405, "text/plain; charset=utf-8", "only GET is supported\n"};
+    } else if (refused) {
+      reply = std::move(*refused);
+      if (reply.status == 401) response_.set(http::field::www_authenticate, "Bearer");
     } else if (it == handlers_.end()) {
       reply = {404, "text/plain; charset=utf-8", absl::StrCat("no handler for ", request.path, "\n")};
     } else {
@@ -75,6 +100,7 @@ class Session : public std::enable_shared_from_this<Session> {
   http::request<http::string_body> request_;
   http::response<http::string_body> response_;
   const absl::flat_hash_map<std::string, HttpServer::Handler>& handlers_;
+  const GateRule& gate_;
 };
 
 }  // namespace
@@ -83,12 +109,13 @@ struct HttpServer::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   absl::flat_hash_map<std::string, Handler> handlers;
+  GateRule gate;
   std::thread thread;
 
   void Accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), handlers)->Run();
+      if (!ec) std::make_shared<Session>(std::move(socket), handlers, gate)->Run();
       Accept();
     });
   }
@@ -100,6 +127,10 @@ HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Handle(const std::string& path, Handler handler) {
   impl_->handlers[path] = std::move(handler);
+}
+
+void HttpServer::SetGate(Gate gate, absl::flat_hash_set<std::string> open_paths) {
+  impl_->gate = GateRule{std::move(gate), std::move(open_paths)};
 }
 
 absl::StatusOr<uint16_t> HttpServer::Start(const std::string& address) {

@@ -1,6 +1,8 @@
 #include "server/master/auth_policy.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace kvpool::master {
 
@@ -108,6 +110,13 @@ Rule RuleFor(Rpc rpc, Role role) {
   return Rule::kDeny;
 }
 
+bool SegmentNameMatches(absl::string_view identity, absl::string_view segment) {
+  if (absl::ConsumeSuffix(&identity, "*")) {
+    return segment.size() > identity.size() && absl::StartsWith(segment, identity);
+  }
+  return segment == identity;
+}
+
 absl::Status Authorize(Rpc rpc, const Identity& caller, absl::string_view segment,
                        Refusal* refusal) {
   Refusal why = Refusal::kNone;
@@ -116,7 +125,7 @@ absl::Status Authorize(Rpc rpc, const Identity& caller, absl::string_view segmen
     case Rule::kAllow:
       break;
     case Rule::kOwnSegmentOnly:
-      if (segment != caller.name) {
+      if (!SegmentNameMatches(caller.name, segment)) {
         why = Refusal::kOtherSegment;
         status = absl::PermissionDeniedError(
             absl::StrCat(RpcName(rpc), " refused: \"", caller.name,

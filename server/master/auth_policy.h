@@ -44,7 +44,8 @@ struct Identity {
 enum class Rule {
   kDeny,
   kAllow,
-  // Allowed when the segment name the request acts on is the caller's identity name.
+  // Allowed when the segment name the request acts on is the caller's identity name (or,
+  // for an identity "PREFIX*", any longer name starting with PREFIX: SegmentNameMatches).
   kOwnSegmentOnly,
 };
 
@@ -62,6 +63,11 @@ enum class Refusal {
   kCount,
 };
 const char* RefusalName(Refusal refusal);
+
+// Whether a segment identity may act as segment `segment`: the same name, or, for an identity
+// that ends in '*' (a credentials-file rule shared by several segments, e.g. one token for a
+// Kubernetes DaemonSet), any name that starts with what comes before the '*' and is longer.
+bool SegmentNameMatches(absl::string_view identity, absl::string_view segment);
 
 // OK, or PermissionDenied with a message naming the caller, its role and the RPC. `segment`
 // is the segment name the request acts on (MountSegment, Heartbeat, RestoreManifest,

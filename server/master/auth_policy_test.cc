@@ -104,6 +104,30 @@ cert  seg-2.pool.internal  segment
 cert  engine-c             engine team-c   # by certificate
 )";
 
+TEST(AuthPolicyTest, APrefixIdentityActsOnlyUnderNamesWithThatPrefix) {
+  Identity shared{.name = "node-*", .role = Role::kSegment};
+  EXPECT_TRUE(Authorize(Rpc::kMountSegment, shared, "node-a").ok());
+  EXPECT_TRUE(Authorize(Rpc::kHeartbeat, shared, "node-b7").ok());
+  Refusal why = Refusal::kNone;
+  EXPECT_EQ(Authorize(Rpc::kMountSegment, shared, "node-", &why).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(why, Refusal::kOtherSegment);
+  EXPECT_EQ(Authorize(Rpc::kRestoreManifest, shared, "gpu-node-a").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Authorize(Rpc::kRemoveAll, shared, "").code(), absl::StatusCode::kPermissionDenied);
+  Identity any{.name = "*", .role = Role::kSegment};
+  EXPECT_TRUE(Authorize(Rpc::kMountSegment, any, "x").ok());
+  EXPECT_FALSE(Authorize(Rpc::kMountSegment, any, "").ok());
+  // Without a '*' the name must be exact.
+  EXPECT_FALSE(SegmentNameMatches("node-a", "node-ab"));
+  EXPECT_TRUE(SegmentNameMatches("node-a", "node-a"));
+  // A '*' parses only at the end of a segment token rule.
+  absl::StatusOr<CredentialTable> table =
+      CredentialTable::Parse("token 0123456789abcdef node-* segment\n");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->ForToken("0123456789abcdef")->name, "node-*");
+}
+
 TEST(CredentialTableTest, ParsesTokensAndCertificateRules) {
   absl::StatusOr<CredentialTable> table = CredentialTable::Parse(kRules);
   ASSERT_TRUE(table.ok()) << table.status();
@@ -136,6 +160,9 @@ TEST(CredentialTableTest, RefusesBadFilesNamingTheLine) {
                 "already in use"},
            Case{"cert a engine\ncert a admin", "has a rule already"},
            Case{"user x engine", "starts with"},
+           Case{"token 0123456789abcdef node-* engine", "may only end"},
+           Case{"token 0123456789abcdef no*de segment", "may only end"},
+           Case{"cert node-* segment", "may only end"},
        }) {
     absl::StatusOr<CredentialTable> table = CredentialTable::Parse(c.text);
     ASSERT_FALSE(table.ok()) << c.text;

@@ -91,6 +91,27 @@ absl::StatusOr<Identity> Authenticator::Admit(const grpc::ServerContextBase& con
   return AdmitPresented(CredentialsOf(context), rpc, segment);
 }
 
+absl::StatusOr<Identity> Authenticator::AdmitHttp(const std::optional<std::string>& token) {
+  if (!enabled()) return Identity{.name = "anonymous", .role = Role::kAdmin};
+  std::shared_ptr<const CredentialTable> table;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    table = table_;
+  }
+  absl::StatusOr<Identity> identified = table->Identify({.token = token});
+  if (!identified.ok()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("HTTP refused: ", identified.status().message(),
+                     " (send \"Authorization: Bearer <token>\" of role reader or admin)"));
+  }
+  if (identified->role != Role::kReader && identified->role != Role::kAdmin) {
+    return absl::PermissionDeniedError(absl::StrCat("HTTP refused: \"", identified->name,
+                                                    "\" has role ", RoleName(identified->role),
+                                                    "; reader or admin may read these pages"));
+  }
+  return identified;
+}
+
 absl::StatusOr<Identity> Authenticator::AdmitPresented(const PresentedCredentials& presented,
                                                        Rpc rpc, absl::string_view segment) {
   Identity identity{.name = "anonymous", .role = Role::kAdmin};

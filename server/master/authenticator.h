@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <sys/stat.h>
@@ -51,6 +52,11 @@ class Authenticator {
   absl::StatusOr<Identity> AdmitPresented(const PresentedCredentials& presented, Rpc rpc,
                                           absl::string_view segment) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The HTTP endpoints (/metrics, /get_all_segments): a bearer token of role reader or admin,
+  // else Unauthenticated (none or unknown) or PermissionDenied (another role). Not counted in
+  // the refusal metrics (they are per RPC). Everyone is admitted when authentication is off.
+  absl::StatusOr<Identity> AdmitHttp(const std::optional<std::string>& token)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Re-reads the file if its modification time or size changed (token rotation, a new
   // segment). A file that no longer parses keeps the rules in force; the error is returned.
   absl::Status ReloadIfChanged() ABSL_LOCKS_EXCLUDED(mu_);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -59,6 +60,12 @@ absl::StatusOr<CredentialTable> CredentialTable::Parse(absl::string_view text) {
                                 "\" (engine, segment, admin or reader)"));
     }
     Identity identity{.name = std::string(is_token ? fields[2] : fields[1]), .role = *role};
+    if (absl::StrContains(identity.name, '*') &&
+        (!is_token || *role != Role::kSegment || identity.name.find('*') + 1 !=
+                                                     identity.name.size())) {
+      return error(absl::StrCat("\"", identity.name,
+                                "\": a '*' may only end the identity of a segment token rule"));
+    }
     if (fields.size() == role_at + 2 && fields[role_at + 1] != "-") {
       if (!ValidTenant(fields[role_at + 1])) {
         return error(absl::StrCat("tenant \"", fields[role_at + 1],

@@ -9,7 +9,10 @@
 //                                                 (the identity is <name>)
 //
 // <role> is engine, segment, admin or reader; <tenant> ("-" or absent: the global namespace)
-// is [A-Za-z0-9._-], at most 64 characters. A segment's identity is its segment name. Secrets
+// is [A-Za-z0-9._-], at most 64 characters. A segment's identity is its segment name; a
+// segment token rule's identity may end in '*' ("node-*", or "*" alone) to stand for every
+// segment name with that prefix (one token shared by a DaemonSet's segments: any holder may
+// then act as any of those names). A '*' anywhere else is refused. Secrets
 // are at least 16 characters and kept only as SHA-256 digests. Immutable once built;
 // thread-safe.
 

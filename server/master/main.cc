@@ -327,6 +327,19 @@ int main(int argc, char** argv) {
   }
 
   kvpool::HttpServer http;
+  // With authentication on and HTTP beyond loopback, every page but the probes' needs a bearer
+  // token of role reader or admin (loopback stays open, like the gRPC port without flags).
+  const bool http_gated =
+      auth->enabled() && !kvpool::IsLoopbackHost(kvpool::ParseHostPort(http_listen)->host);
+  if (http_gated) {
+    http.SetGate(
+        [&auth](const kvpool::HttpRequest& request) -> std::optional<kvpool::HttpResponse> {
+          absl::StatusOr<kvpool::master::Identity> admitted = auth->AdmitHttp(request.bearer_token);
+          if (admitted.ok()) return std::nullopt;
+          return kvpool::HttpRefusal(admitted.status());
+        },
+        {"/healthz", "/readyz"});
+  }
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
   });
@@ -415,14 +428,14 @@ int main(int argc, char** argv) {
 
   std::printf(
       "kvpool-master listening grpc=%s http=%s embedded_segment=%s embedded_size=%s "
-      "embedded_shm=%s tls=%s auth=%s role=%s\n",
+      "embedded_shm=%s tls=%s auth=%s http_auth=%s role=%s\n",
       kvpool::FormatHostPort(grpc_address->host, static_cast<uint16_t>(grpc_port)).c_str(),
       kvpool::FormatHostPort(kvpool::ParseHostPort(http_listen)->host, *http_port).c_str(),
       embedded ? embedded->endpoint().c_str() : "none",
       absl::StrCat(embedded ? embedded_size : 0).c_str(),
       embedded && !embedded->shm_socket().empty() ? embedded->shm_socket().c_str() : "none",
       tls.cert_file.empty() ? "off" : tls.client_ca_file.empty() ? "on" : "mutual",
-      auth->enabled() ? "on" : "off",
+      auth->enabled() ? "on" : "off", http_gated ? "on" : "off",
       election ? "candidate" : "single");
   std::fflush(stdout);
 

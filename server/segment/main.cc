@@ -6,6 +6,9 @@
 
 #include <cstdio>
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
 #include "absl/flags/flag.h"
 #include "common/flags.h"
 #include "absl/flags/usage.h"
@@ -81,11 +84,21 @@ ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token the master knows this segment by (its identity must "
           "be --name)");
+ABSL_FLAG(std::string, http_token_file, "",
+          "File holding the bearer token that /metrics needs (e.g. Prometheus's reader token; "
+          "/healthz and /readyz stay open); empty: no token asked");
 ABSL_FLAG(bool, insecure, false,
           "Allow binding a non-loopback address without TLS to the master and credentials "
           "(logged as a warning)");
 
 namespace {
+
+std::string TokenDigest(const std::string& token) {
+  std::string digest(SHA256_DIGEST_LENGTH, '\0');
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(),
+         reinterpret_cast<unsigned char*>(digest.data()));
+  return digest;
+}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "kvpool-segment: %s\n", std::string(status.message()).c_str());
@@ -166,6 +179,26 @@ int main(int argc, char** argv) {
   kvpool::segment::Segment& segment = **started;
 
   kvpool::HttpServer http;
+  if (std::string path = absl::GetFlag(FLAGS_http_token_file); !path.empty()) {
+    absl::StatusOr<std::string> token = kvpool::ReadTokenFile(path);
+    if (!token.ok()) return Fail(token.status());
+    // Compared as SHA-256 digests in constant time: no timing tells how much of a guess was
+    // right.
+    http.SetGate(
+        [digest = TokenDigest(*token)](
+            const kvpool::HttpRequest& request) -> std::optional<kvpool::HttpResponse> {
+          if (!request.bearer_token) {
+            return kvpool::HttpRefusal(absl::UnauthenticatedError(
+                "HTTP refused: send \"Authorization: Bearer <token>\" (--http-token-file)"));
+          }
+          std::string presented = TokenDigest(*request.bearer_token);
+          if (CRYPTO_memcmp(presented.data(), digest.data(), digest.size()) != 0) {
+            return kvpool::HttpRefusal(absl::UnauthenticatedError("HTTP refused: unknown token"));
+          }
+          return std::nullopt;
+        },
+        {"/healthz", "/readyz"});
+  }
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
   });

@@ -14,14 +14,15 @@
 
 namespace kvpool::testing {
 
-absl::StatusOr<HttpReply> HttpFetch(const std::string& address, const std::string& path) {
+absl::StatusOr<HttpReply> HttpFetch(const std::string& address, const std::string& path,
+                                    const std::string& headers) {
   if (absl::StatusOr<HostPort> target = ParseHostPort(address); !target.ok()) {
     return target.status();
   }
   int fd = ConnectRawTcp(address, absl::Seconds(5));
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
   std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
-                                     "\r\nConnection: close\r\n\r\n");
+                                     "\r\nConnection: close\r\n", headers, "\r\n");
   send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string response;
   char buffer[65536];

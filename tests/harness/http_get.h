@@ -13,8 +13,10 @@ struct HttpReply {
   std::string body;
 };
 
-// GET http://<address><path>. Unavailable if the server cannot be reached.
-absl::StatusOr<HttpReply> HttpFetch(const std::string& address, const std::string& path);
+// GET http://<address><path>, with `headers` ("Name: value\r\n" lines) added. Unavailable if
+// the server cannot be reached.
+absl::StatusOr<HttpReply> HttpFetch(const std::string& address, const std::string& path,
+                                    const std::string& headers = "");
 
 // The body of a 200 answer; FailedPrecondition with the status and body otherwise.
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);

@@ -159,7 +159,53 @@ limits:
 {{- if and .Values.segment.enabled (le (int64 .Values.segment.pool.sizeMiB) 0) }}
 {{- fail "segment.pool.sizeMiB must be above 0" }}
 {{- end }}
+{{- if and (not .Values.insecure) (not (and .Values.tls.enabled .Values.auth.enabled)) }}
+{{- fail "tls.enabled=false or auth.enabled=false lets anyone who reaches the pods own the pool: set insecure=true to mean it (docs/operations.md, \"Security\")" }}
+{{- end }}
 {{- if and .Values.segment.enabled .Values.segment.hugepages.enabled (ne (mod (int64 .Values.segment.pool.sizeMiB) 2) 0) }}
 {{- fail "segment.pool.sizeMiB must be a multiple of 2 (MiB) with hugepages.enabled (2 MiB pages)" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Security (values tls, auth, insecure). kvpool.tlsSource: where the master's certificate comes
+from, "certManager", "helm" or "secret" (tls.source=auto: cert-manager when its API is
+installed, else helm); empty with TLS off.
+*/}}
+{{- define "kvpool.tlsSource" -}}
+{{- if .Values.tls.enabled }}
+{{- $source := .Values.tls.source }}
+{{- if eq $source "auto" }}
+{{- $source = ternary "certManager" "helm" (.Capabilities.APIVersions.Has "cert-manager.io/v1") }}
+{{- end }}
+{{- if not (has $source (list "certManager" "helm" "secret")) }}
+{{- fail (printf "tls.source: %q is not auto, certManager, helm or secret" $source) }}
+{{- end }}
+{{- $source }}
+{{- end }}
+{{- end }}
+
+{{/* Secret with the master's tls.crt, tls.key and its CA's ca.crt. */}}
+{{- define "kvpool.tlsSecretName" -}}
+{{- if eq (include "kvpool.tlsSource" .) "secret" }}
+{{- required "tls.existingSecret is required with tls.source=secret" .Values.tls.existingSecret }}
+{{- else }}
+{{- include "kvpool.masterName" . }}-tls
+{{- end }}
+{{- end }}
+
+{{/* Secret with the credentials file ("tokens") and the token files. */}}
+{{- define "kvpool.authSecretName" -}}
+{{- default (printf "%s-auth" (include "kvpool.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{/* DNS names of the master's certificate: its Service's names, localhost, and extras. */}}
+{{- define "kvpool.masterDnsNames" -}}
+{{- $svc := include "kvpool.masterName" . }}
+{{- $names := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) "localhost" }}
+{{- toJson (concat $names .Values.tls.extraDnsNames) }}
+{{- end }}
+
+{{/* Where the pods find the Secrets' files. */}}
+{{- define "kvpool.tlsDir" -}}/etc/kvpool-tls{{- end }}
+{{- define "kvpool.authDir" -}}/etc/kvpool-auth{{- end }}
