@@ -74,7 +74,7 @@ def command_of(svc):
 PKI_DIR = "/etc/kvpool-pki"
 
 
-def check_security(c, services, commands, kvpool_services):
+def check_security(c, services, commands, kvpool_services, masters):
     """TLS and tokens on by default: no --insecure; the master's certificate, key and
     credentials file and each segment's CA and token come from the volume the one-shot pki
     service fills with make-pki.sh. Runs make-pki.sh into a temporary directory and checks what
@@ -98,10 +98,10 @@ def check_security(c, services, commands, kvpool_services):
         mounts = {mount_source(v)[1]: mount_source(v) for v in services[name].get("volumes", [])}
         c.check(mounts.get(PKI_DIR, (None,))[0] == pki_volume and mounts[PKI_DIR][2],
                 f"{name}: should mount the pki volume read-only at {PKI_DIR}")
-        c.check(dict(services[name].get("depends_on") or {}).get("pki", {}).get("condition") ==
-                "service_completed_successfully" or "master" in (services[name].get("depends_on")
-                                                                or {}),
-                f"{name}: should start after pki (directly or through the master)")
+        depends = services[name].get("depends_on") or {}
+        c.check(dict(depends).get("pki", {}).get("condition") ==
+                "service_completed_successfully" or any(d in masters for d in depends),
+                f"{name}: should start after pki (directly or through a master)")
         wanted = (("tls_cert", "master.crt"), ("tls_key", "master.key"),
                   ("auth_tokens", "tokens")) if kvpool_services[name] == "kvpool-master" else \
             (("tls_ca", "ca.crt"), ("auth_token_file", f"{name}.token"),
@@ -110,24 +110,26 @@ def check_security(c, services, commands, kvpool_services):
             c.check(lib.flag_value(args, flag) == f"{PKI_DIR}/{file}",
                     f"{name}: --{flag.replace('_', '-')} should be {PKI_DIR}/{file}, got "
                     f"{lib.flag_value(args, flag)}")
-    env = services.get("master", {}).get("environment", {})
-    c.check(env.get("KVPOOL_TLS_CA") == f"{PKI_DIR}/ca.crt" and
-            env.get("KVPOOL_AUTH_TOKEN_FILE") == f"{PKI_DIR}/admin.token",
-            "master: KVPOOL_TLS_CA and KVPOOL_AUTH_TOKEN_FILE should let kvpoolctl in the "
-            "container call the master")
+    for master in masters:
+        env = services.get(master, {}).get("environment", {})
+        c.check(env.get("KVPOOL_TLS_CA") == f"{PKI_DIR}/ca.crt" and
+                env.get("KVPOOL_AUTH_TOKEN_FILE") == f"{PKI_DIR}/admin.token",
+                f"{master}: KVPOOL_TLS_CA and KVPOOL_AUTH_TOKEN_FILE should let kvpoolctl in "
+                "the container call the master")
+    env = services.get(masters[0], {}).get("environment", {})
     # Prometheus scrapes with the reader token that pki writes, alone, to the scrape volume.
     entry = pki.get("entrypoint", [])
     scrape_volume = next((mount_source(v)[0] for v in pki.get("volumes", [])
                           if len(entry) > 3 and mount_source(v)[1] == entry[3]), None)
     prom_mounts = {mount_source(v)[0]: mount_source(v)
                    for v in services.get("prometheus", {}).get("volumes", [])}
-    c.check(scrape_volume is not None and scrape_volume in prom_mounts and
+    c.check("prometheus" not in services or scrape_volume is not None and scrape_volume in prom_mounts and
             prom_mounts[scrape_volume][2] and pki_volume not in prom_mounts,
             "prometheus: should mount the scrape volume pki writes (read-only), and not the "
             "pki volume")
     token_file = (prom_mounts.get(scrape_volume, (None, "?"))[1] + "/reader.token")
     config = lib.load_yaml(ROOT / "deploy/prometheus/prometheus.yml")
-    for job in config.get("scrape_configs", []):
+    for job in config.get("scrape_configs", []) if "prometheus" in services else []:
         if job["job_name"] in ("kvpool-master", "kvpool-segment"):
             c.check(job.get("authorization") == {"type": "Bearer", "credentials_file": token_file},
                     f"prometheus job {job['job_name']}: should send the reader token "
@@ -154,8 +156,9 @@ def check_security(c, services, commands, kvpool_services):
         c.check(r.returncode == 0, f"make-pki.sh: master.crt does not verify: {r.stdout}{r.stderr}")
         r = subprocess.run(["openssl", "x509", "-in", f"{tmp}/master.crt", "-noout", "-ext",
                             "subjectAltName"], capture_output=True, text=True)
-        c.check("DNS:master" in r.stdout and "IP Address:127.0.0.1" in r.stdout,
-                f"make-pki.sh: master.crt's SANs should name master and 127.0.0.1: {r.stdout}")
+        c.check(all(f"DNS:{m}," in r.stdout + "," for m in masters) and
+                "IP Address:127.0.0.1" in r.stdout,
+                f"make-pki.sh: master.crt's SANs should name {masters} and 127.0.0.1: {r.stdout}")
         rules = {}
         for line in pathlib.Path(tmp, "tokens").read_text().splitlines():
             fields = line.split("#", 1)[0].split()
@@ -171,10 +174,11 @@ def check_security(c, services, commands, kvpool_services):
                 "admin", "make-pki.sh: admin.token should have role admin")
         c.check(rules.get(pathlib.Path(tmp, "reader.token").read_text(), [None, None])[1] ==
                 "reader", "make-pki.sh: reader.token should have role reader")
-        run_pool(c, commands, env, tmp)
+        segments = [n for n in commands if kvpool_services[n] == "kvpool-segment"]
+        run_pool(c, commands, env, tmp, masters[0], segments[0])
 
 
-def run_pool(c, commands, env, pki):
+def run_pool(c, commands, env, pki, master_name, segment_name):
     binaries = {b: lib.binary_path(b) for b in ("kvpool-master", "kvpool-segment", "kvpoolctl")}
     if not all(binaries.values()):
         c.note("kvpool-master/segment/kvpoolctl not built: the compose pool was not started")
@@ -185,6 +189,8 @@ def run_pool(c, commands, env, pki):
         out = []
         for a in args:
             name = lib.flag_name(a)
+            if name in replace and replace[name] is None:
+                continue  # not for a pool of one master on this machine (etcd)
             out.append(f"--{name}={replace[name]}" if name in replace
                        else a.replace(PKI_DIR + "/", pki + "/"))
         return out
@@ -192,7 +198,9 @@ def run_pool(c, commands, env, pki):
     procs = []
     try:
         # 0.0.0.0: not loopback, so the master starts only with TLS and tokens on.
-        margs = local(commands["master"], {"listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0"})
+        margs = local(commands[master_name], {
+            "listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0", "etcd": None, "etcd_prefix": None,
+            "leader_lease": None, "advertise_address": None})
         master, m, seen = lib.start_process(
             [binaries["kvpool-master"]] + margs,
             r"listening grpc=\S*:(\d+) http=\S*:(\d+) .*tls=on auth=on http_auth=on")
@@ -201,20 +209,21 @@ def run_pool(c, commands, env, pki):
                        f"tls=on auth=on: {''.join(seen)[-800:]}"):
             return
         port, master_http = m.group(1), m.group(2)
-        sargs = local(commands["segment-1"], {
+        sargs = local(commands[segment_name], {
             "master": f"127.0.0.1:{port}", "listen": "0.0.0.0:0", "http_listen": "0.0.0.0:0",
             "size": "64MiB", "advertise_host": "127.0.0.1"})
-        # Segments dial "master": check the certificate against that name.
+        # Segments dial the master's service name: check the certificate against that name.
         segment, m, seen = lib.start_process(
-            [binaries["kvpool-segment"]] + sargs + ["--tls_server_name=master", "--prefault=false"],
+            [binaries["kvpool-segment"]] + sargs + [f"--tls_server_name={master_name}",
+                                                    "--prefault=false"],
             r"kvpool-segment listening .*http=\S*:(\d+)")
         procs.append(segment)
-        if not c.check(m is not None, f"segment-1 with the compose flags did not mount: "
+        if not c.check(m is not None, f"{segment_name} with the compose flags did not mount: "
                        f"{''.join(seen)[-800:]}"):
             return
         # What Prometheus sees: /metrics with its token, and nothing without.
         reader = pathlib.Path(pki, "reader.token").read_text()
-        for who, http_port in (("master", master_http), ("segment-1", m.group(1))):
+        for who, http_port in ((master_name, master_http), (segment_name, m.group(1))):
             status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics")
             c.check(status == 401, f"{who}: /metrics without a token answered {status}")
             status, body = lib.http_get(f"127.0.0.1:{http_port}", "/metrics", reader)
@@ -224,10 +233,10 @@ def run_pool(c, commands, env, pki):
             c.check(status == 200, f"{who}: /healthz (the health check) answered {status}")
         ctl_env = dict(os.environ, **{k: v.replace(PKI_DIR + "/", pki + "/") for k, v in env.items()})
         ctl = [binaries["kvpoolctl"], f"--master=127.0.0.1:{port}", "status"]
-        r = lib.kvpoolctl_until(ctl, ctl_env, "segment-1")
-        c.check(r.returncode == 0 and "segment-1" in r.stdout,
+        r = lib.kvpoolctl_until(ctl, ctl_env, segment_name)
+        c.check(r.returncode == 0 and segment_name in r.stdout,
                 f"kvpoolctl status with the master container's environment does not list "
-                f"segment-1: {r.stdout}{r.stderr}")
+                f"{segment_name}: {r.stdout}{r.stderr}")
         stranger = {k: v for k, v in ctl_env.items() if k != "KVPOOL_AUTH_TOKEN_FILE"}
         r = subprocess.run(ctl, capture_output=True, text=True, env=stranger, timeout=30)
         c.check(r.returncode != 0 and "requires authentication" in r.stdout + r.stderr,
@@ -383,10 +392,9 @@ def main():
         names.add(segment_name)
         depends = services[name].get("depends_on", {})
         c.check(any(m in depends for m in masters), f"{name}: should start after the master")
+    check_security(c, services, commands, KVPOOL_SERVICES, masters)
     if "prometheus" not in services:
         return c.finish()
-
-    check_security(c, services, commands, KVPOOL_SERVICES)
 
     # Prometheus: its configuration is the one in deploy/prometheus, its targets listen.
     prom = services.get("prometheus", {})

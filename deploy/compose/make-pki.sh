@@ -3,8 +3,10 @@
 # kvpool-pki volume (mounted at $1, default /etc/kvpool-pki) and kept there: `docker compose
 # down -v` (or removing the volume) makes new ones at the next `up`.
 #   ca.crt                     the pool's CA (its key is not kept: nothing is signed later)
-#   master.crt, master.key     the master's certificate; SANs: master (the name segments and
-#                              clients on the network dial), localhost, 127.0.0.1
+#   master.crt, master.key     the masters' certificate; SANs: master, master-1 .. master-3
+#                              (the names segments and clients on the network dial: the
+#                              one-master pool's and docker-compose.ha.yaml's), localhost,
+#                              127.0.0.1
 #   tokens                     the master's --auth-tokens file
 #   segment-1.token, segment-2.token   each segment's token, bound to its --name
 #   admin.token, engine.token, reader.token   kvpoolctl, engines (global namespace), readers
@@ -33,7 +35,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -keyout "$work/ca.key" -out "$work/ca.crt" -subj /CN=kvpool-compose-ca 2>/dev/null
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -keyout "$work/master.key" -out "$work/master.csr" -subj /CN=master 2>/dev/null
-printf 'subjectAltName=DNS:master,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' \
+printf 'subjectAltName=DNS:master,DNS:master-1,DNS:master-2,DNS:master-3,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' \
   >"$work/ext"
 openssl x509 -req -in "$work/master.csr" -CA "$work/ca.crt" -CAkey "$work/ca.key" \
   -CAcreateserial -days 825 -extfile "$work/ext" -out "$work/master.crt" 2>/dev/null
