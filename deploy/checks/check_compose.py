@@ -96,7 +96,8 @@ def check_security(c, services, commands, kvpool_services, masters):
         c.check(lib.flag_value(args, "insecure") is None and "--insecure" not in args,
                 f"{name}: --insecure in the default compose file")
         mounts = {mount_source(v)[1]: mount_source(v) for v in services[name].get("volumes", [])}
-        c.check(mounts.get(PKI_DIR, (None,))[0] == pki_volume and mounts[PKI_DIR][2],
+        mount = mounts.get(PKI_DIR, (None, None, False))
+        c.check(mount[0] == pki_volume and mount[2],
                 f"{name}: should mount the pki volume read-only at {PKI_DIR}")
         depends = services[name].get("depends_on") or {}
         c.check(dict(depends).get("pki", {}).get("condition") ==
