@@ -140,16 +140,23 @@ void EtcdClient::Failed(const Stubs& stubs) {
   }
 }
 
-absl::StatusOr<Lease> EtcdClient::GrantLease(absl::Duration ttl) {
+template <typename Invoke>
+absl::Status EtcdClient::Unary(const char* method, Invoke invoke) {
   std::shared_ptr<Stubs> stubs = Current();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  absl::Status status = FromGrpc(invoke(*stubs, &context), method, stubs->endpoint);
+  if (EndpointFailed(status)) Failed(*stubs);
+  return status;
+}
+
+absl::StatusOr<Lease> EtcdClient::GrantLease(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
   etcdserverpb::LeaseGrantResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status = FromGrpc(stubs->lease->LeaseGrant(&context, request, &response),
-                                 "LeaseGrant", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
+  absl::Status status = Unary("LeaseGrant", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.lease->LeaseGrant(context, request, &response);
+  });
   if (!status.ok()) return status;
   if (!response.error().empty()) {
     return absl::UnavailableError(absl::StrCat("etcd LeaseGrant: ", response.error()));
@@ -187,21 +194,16 @@ absl::StatusOr<absl::Duration> EtcdClient::KeepAlive(int64_t lease) {
 }
 
 absl::Status EtcdClient::RevokeLease(int64_t lease) {
-  std::shared_ptr<Stubs> stubs = Current();
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(lease);
   etcdserverpb::LeaseRevokeResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status = FromGrpc(stubs->lease->LeaseRevoke(&context, request, &response),
-                                 "LeaseRevoke", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
-  return status;
+  return Unary("LeaseRevoke", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.lease->LeaseRevoke(context, request, &response);
+  });
 }
 
 absl::StatusOr<CreateResult> EtcdClient::CreateIfAbsent(const std::string& key,
                                                         const std::string& value, int64_t lease) {
-  std::shared_ptr<Stubs> stubs = Current();
   etcdserverpb::TxnRequest request;
   etcdserverpb::Compare* absent = request.add_compare();
   absent->set_result(etcdserverpb::Compare::EQUAL);
@@ -214,11 +216,9 @@ absl::StatusOr<CreateResult> EtcdClient::CreateIfAbsent(const std::string& key,
   put->set_lease(lease);
   request.add_failure()->mutable_request_range()->set_key(key);
   etcdserverpb::TxnResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status =
-      FromGrpc(stubs->kv->Txn(&context, request, &response), "Txn", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
+  absl::Status status = Unary("Txn", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.kv->Txn(context, request, &response);
+  });
   if (!status.ok()) return status;
   CreateResult result;
   result.created = response.succeeded();
@@ -231,46 +231,36 @@ absl::StatusOr<CreateResult> EtcdClient::CreateIfAbsent(const std::string& key,
 }
 
 absl::Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {
-  std::shared_ptr<Stubs> stubs = Current();
   etcdserverpb::PutRequest request;
   request.set_key(key);
   request.set_value(value);
   request.set_lease(lease);
   etcdserverpb::PutResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status =
-      FromGrpc(stubs->kv->Put(&context, request, &response), "Put", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
-  return status;
+  return Unary("Put", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.kv->Put(context, request, &response);
+  });
 }
 
 absl::StatusOr<std::optional<KeyValue>> EtcdClient::Get(const std::string& key) {
-  std::shared_ptr<Stubs> stubs = Current();
   etcdserverpb::RangeRequest request;
   request.set_key(key);
   etcdserverpb::RangeResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status =
-      FromGrpc(stubs->kv->Range(&context, request, &response), "Range", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
+  absl::Status status = Unary("Range", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.kv->Range(context, request, &response);
+  });
   if (!status.ok()) return status;
   if (response.kvs_size() == 0) return std::optional<KeyValue>();
   return std::optional<KeyValue>(FromProto(response.kvs(0)));
 }
 
 absl::StatusOr<std::vector<KeyValue>> EtcdClient::GetPrefix(const std::string& prefix) {
-  std::shared_ptr<Stubs> stubs = Current();
   etcdserverpb::RangeRequest request;
   request.set_key(prefix);
   request.set_range_end(PrefixEnd(prefix));
   etcdserverpb::RangeResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status =
-      FromGrpc(stubs->kv->Range(&context, request, &response), "Range", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
+  absl::Status status = Unary("Range", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.kv->Range(context, request, &response);
+  });
   if (!status.ok()) return status;
   std::vector<KeyValue> kvs;
   for (const mvccpb::KeyValue& kv : response.kvs()) kvs.push_back(FromProto(kv));
@@ -278,16 +268,12 @@ absl::StatusOr<std::vector<KeyValue>> EtcdClient::GetPrefix(const std::string& p
 }
 
 absl::Status EtcdClient::Delete(const std::string& key) {
-  std::shared_ptr<Stubs> stubs = Current();
   etcdserverpb::DeleteRangeRequest request;
   request.set_key(key);
   etcdserverpb::DeleteRangeResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  absl::Status status = FromGrpc(stubs->kv->DeleteRange(&context, request, &response),
-                                 "DeleteRange", stubs->endpoint);
-  if (EndpointFailed(status)) Failed(*stubs);
-  return status;
+  return Unary("DeleteRange", [&](Stubs& stubs, grpc::ClientContext* context) {
+    return stubs.kv->DeleteRange(context, request, &response);
+  });
 }
 
 absl::StatusOr<bool> EtcdClient::WaitForChange(const std::string& key, int64_t after_revision,

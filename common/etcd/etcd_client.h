@@ -86,6 +86,10 @@ class EtcdClient {
   // The endpoint to use now, and after a failed call the next one.
   std::shared_ptr<Stubs> Current() ABSL_LOCKS_EXCLUDED(mu_);
   void Failed(const Stubs& stubs) ABSL_LOCKS_EXCLUDED(mu_);
+  // One unary RPC on the current endpoint under rpc_timeout_: `invoke(stubs, context)` makes
+  // the call; a failed endpoint is marked (Failed) so that the next call tries another.
+  template <typename Invoke>
+  absl::Status Unary(const char* method, Invoke invoke) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<std::string> endpoints_;
   const absl::Duration rpc_timeout_;
