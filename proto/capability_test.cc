@@ -1,5 +1,11 @@
 #include "proto/capability.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <thread>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace kvpool::wire {
@@ -27,6 +33,50 @@ TEST(CapabilityTest, GrantsExactlyTheMintedRangeAndOpcode) {
     absl::Status status = VerifyToken(secret, other, now);
     EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
   }
+}
+
+TEST(CapabilityTest, TokenKeySignsAsOpenSslsHmacForEveryKeyLength) {
+  // Short, block-sized and longer-than-a-block keys (the last are hashed first, RFC 2104).
+  for (size_t size : {0, 1, 32, 63, 64, 65, 200}) {
+    std::string secret(size, '\0');
+    for (size_t i = 0; i < size; ++i) secret[i] = static_cast<char>(i * 7 + 1);
+    const uint8_t message[] = "a message of some length, longer than nothing";
+    uint8_t expected[EVP_MAX_MD_SIZE];
+    unsigned int expected_size = 0;
+    ASSERT_NE(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message,
+                   sizeof(message), expected, &expected_size),
+              nullptr);
+    ASSERT_EQ(expected_size, 32u);
+    uint8_t got[32];
+    TokenKey(secret).Sign(message, sizeof(message), got);
+    EXPECT_EQ(std::string(reinterpret_cast<char*>(got), 32),
+              std::string(reinterpret_cast<char*>(expected), 32))
+        << "key of " << size << " bytes";
+  }
+}
+
+TEST(CapabilityTest, AKeyScheduleMintsAndVerifiesAsItsSecretFromManyThreads) {
+  const std::string secret = NewCapabilitySecret();
+  const TokenKey key(secret);
+  const absl::Time expiry = absl::Now() + absl::Seconds(10);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 0; i < 2000; ++i) {
+        const uint64_t offset = (i * 4 + t) * 4096;
+        Token token = MintToken(key, Opcode::kRead, offset, 4096, expiry, i);
+        mismatches[t] += token != MintToken(secret, Opcode::kRead, offset, 4096, expiry, i);
+        mismatches[t] += !VerifyToken(key, Request(Opcode::kRead, offset, 4096, token),
+                                      absl::Now()).ok();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+  Token other = MintToken(TokenKey(NewCapabilitySecret()), Opcode::kRead, 0, 1, expiry);
+  EXPECT_EQ(VerifyToken(key, Request(Opcode::kRead, 0, 1, other), absl::Now()).code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 TEST(CapabilityTest, RejectsOtherSecretsTamperingAndExpiry) {

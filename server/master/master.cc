@@ -88,7 +88,8 @@ PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire:
   placement.offset = replica.offset;
   placement.length = size;
   placement.token =
-      wire::MintToken(info.token_secret, opcode, replica.offset, size, expiry, replica.grant);
+      wire::MintToken(replica.segment->token_key(), opcode, replica.offset, size, expiry,
+                      replica.grant);
   return placement;
 }
 

@@ -11,6 +11,7 @@ namespace kvpool::master {
 MountedSegment::MountedSegment(SegmentId id, SegmentInfo info, absl::Time now)
     : id_(id),
       info_(std::move(info)),
+      token_key_(info_.token_secret),
       allocator_(info_.size),
       last_heartbeat_ns_(absl::ToUnixNanos(now)),
       restoring_(info_.restoring) {}

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/capability.h"
 #include "server/master/range_allocator.h"
 
 namespace kvpool::master {
@@ -50,6 +51,8 @@ class MountedSegment {
 
   SegmentId id() const { return id_; }
   const SegmentInfo& info() const { return info_; }
+  // info().token_secret, ready to mint tokens.
+  const wire::TokenKey& token_key() const { return token_key_; }
   RangeAllocator& allocator() { return allocator_; }
   const RangeAllocator& allocator() const { return allocator_; }
 
@@ -84,6 +87,7 @@ class MountedSegment {
  private:
   const SegmentId id_;
   const SegmentInfo info_;
+  const wire::TokenKey token_key_;
   RangeAllocator allocator_;
   std::atomic<int64_t> last_heartbeat_ns_;
   std::atomic<bool> removed_{false};

@@ -34,14 +34,14 @@ void GrantTable::Write::End() {
 
 GrantTable::GrantTable(std::string secret, bool require_token, size_t max_ended)
     : require_token_(require_token), max_ended_(std::max<size_t>(max_ended, 4)),
-      secret_(std::move(secret)) {}
+      secret_(std::move(secret)), key_(secret_), next_key_("") {}
 
 absl::Status GrantTable::CheckLocked(const wire::RequestHeader& request, absl::Time now,
                                      bool* next_term) const {
   if (!require_token_) return absl::OkStatus();
-  absl::Status granted = wire::VerifyToken(secret_, request, now);
+  absl::Status granted = wire::VerifyToken(key_, request, now);
   if (!granted.ok() && request.opcode == wire::Opcode::kRead && !next_secret_.empty() &&
-      wire::VerifyToken(next_secret_, request, now).ok()) {
+      wire::VerifyToken(next_key_, request, now).ok()) {
     // A read of the next term, whose master has ended none of its grants yet.
     if (next_term != nullptr) *next_term = true;
     return absl::OkStatus();
@@ -213,12 +213,15 @@ void GrantTable::ForgetEarliestLocked() {
 
 void GrantTable::PrepareTerm(std::string next_secret) {
   absl::MutexLock lock(&mu_);
+  next_key_ = wire::TokenKey(next_secret);
   next_secret_ = std::move(next_secret);
 }
 
 void GrantTable::NewTerm(std::string secret) {
   absl::MutexLock lock(&mu_);
   bool prepared = secret == next_secret_;
+  key_ = prepared ? std::move(next_key_) : wire::TokenKey(secret);
+  next_key_ = wire::TokenKey("");
   secret_ = std::move(secret);
   next_secret_.clear();
   ended_.clear();  // tokens of the old term no longer verify at all

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/capability.h"
 #include "proto/frame.h"
 
 namespace kvpool::segment {
@@ -192,7 +193,9 @@ class GrantTable {
   const size_t max_ended_;
   mutable absl::Mutex mu_;
   std::string secret_ ABSL_GUARDED_BY(mu_);
+  wire::TokenKey key_ ABSL_GUARDED_BY(mu_);  // secret_'s
   std::string next_secret_ ABSL_GUARDED_BY(mu_);  // PrepareTerm's; empty: none
+  wire::TokenKey next_key_ ABSL_GUARDED_BY(mu_);  // next_secret_'s
   absl::flat_hash_map<uint64_t, Ended> ended_ ABSL_GUARDED_BY(mu_);
   std::unordered_multimap<uint64_t, std::shared_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
   // Per grant written since it opened (until End): the last write begun, and what it landed.
