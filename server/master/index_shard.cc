@@ -133,7 +133,7 @@ absl::StatusOr<ObjectView> IndexShard::Reserve(
 
 absl::StatusOr<ObjectView> IndexShard::Commit(absl::string_view key, uint64_t put_id,
                                               uint64_t checksum, absl::Time now,
-                                              absl::string_view caller) {
+                                              absl::string_view caller, absl::Duration lease) {
   absl::MutexLock lock(&mu_);
   last_now_ = std::max(last_now_, now);
   auto it = objects_.find(key);
@@ -144,6 +144,7 @@ absl::StatusOr<ObjectView> IndexShard::Commit(absl::string_view key, uint64_t pu
   if (!object.committed) {
     object.committed = true;
     object.checksum = checksum;
+    if (lease > absl::ZeroDuration()) object.lease_expiry = now + lease;
     pending_.Unlink(&object);
     lru_.PushBack(&object);
     object.last_access = access_clock.fetch_add(1) + 1;

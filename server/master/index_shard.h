@@ -179,11 +179,12 @@ class IndexShard {
                                      absl::Span<const std::shared_ptr<MountedSegment>> segments)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Makes a reservation visible and returns it. NotFound unless `key` is reserved with
-  // `put_id`; a retried commit of the same reservation is OK.
-  // `caller` must be the reservation's owner.
+  // Makes a reservation visible, leased until now + `lease` (none if zero), and returns it.
+  // NotFound unless `key` is reserved with `put_id`; a retried commit of the same reservation
+  // is OK (and leases nothing more). `caller` must be the reservation's owner.
   absl::StatusOr<ObjectView> Commit(absl::string_view key, uint64_t put_id, uint64_t checksum,
-                                    absl::Time now, absl::string_view caller = "")
+                                    absl::Time now, absl::string_view caller = "",
+                                    absl::Duration lease = absl::ZeroDuration())
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The segment holding `key`'s replica of `grant` has applied its commit (writes ended).

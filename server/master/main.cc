@@ -55,6 +55,9 @@ ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(60),
           "A reservation not committed (BatchPutEnd) within this time is reclaimed");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(10),
           "A get or exist leases the object this long: not evicted, not removed unless forced");
+ABSL_FLAG(bool, lease_on_put, false,
+          "A put leases its new object for --lease-ttl, as a get does (what Mooncake's "
+          "tests expect); false: a new object is evictable and removable at once");
 ABSL_FLAG(double, eviction_high_watermark, 0.95,
           "Evict when used/capacity passes this fraction");
 ABSL_FLAG(double, eviction_ratio, 0.05,
@@ -172,6 +175,7 @@ int main(int argc, char** argv) {
   options.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
   options.put_timeout = absl::GetFlag(FLAGS_put_timeout);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.lease_on_put = absl::GetFlag(FLAGS_lease_on_put);
   options.eviction_high_watermark = absl::GetFlag(FLAGS_eviction_high_watermark);
   options.eviction_ratio = absl::GetFlag(FLAGS_eviction_ratio);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);

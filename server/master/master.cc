@@ -493,7 +493,8 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
     }
     // Step P3: the object becomes visible, and goes into its segments' manifests.
     absl::StatusOr<ObjectView> committed =
-        ShardFor(put.key).Commit(put.key, put.put_id, put.checksum, now, put.caller);
+        ShardFor(put.key).Commit(put.key, put.put_id, put.checksum, now, put.caller,
+                                 options_.lease_on_put ? options_.lease_ttl : absl::ZeroDuration());
     durable.results.push_back(committed.status());
     if (!committed.ok()) continue;
     // The ADD also ends the replica's write grant at the segment: a write after the commit

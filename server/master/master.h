@@ -40,6 +40,9 @@ struct MasterOptions {
   // A get or exist leases the object for this long: it is neither evicted nor removed
   // (unless forced) meanwhile, and read tokens are valid as long.
   absl::Duration lease_ttl = absl::Seconds(10);
+  // A commit leases the new object for lease_ttl too, as if its writer had read it at once:
+  // a fresh object is neither evicted nor removed (unless forced) before its readers come.
+  bool lease_on_put = false;
   // Told to segments at mount; a segment silent for segment_ttl is declared dead.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration segment_ttl = absl::Seconds(10);

@@ -501,6 +501,33 @@ TEST_F(MasterTest, GetAndExistLeaseTheObjectAgainstRemoval) {
   EXPECT_TRUE(Remove("k2", /*force=*/true).ok());
 }
 
+TEST_F(MasterTest, APutLeasesItsObjectOnlyWithLeaseOnPut) {
+  // By default (as Mooncake's master) a new object holds no lease: removable at once.
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(Put("k", 100).ok());
+  EXPECT_EQ(master_.CountLeased(), 0u);
+  EXPECT_TRUE(Remove("k").ok());
+
+  MasterOptions options = Options();
+  options.lease_on_put = true;
+  Master leasing(options);
+  ASSERT_TRUE(leasing.MountSegment(Segment("b", 1 << 20)).ok());
+  std::vector<std::string> keys = {"k"};
+  std::vector<uint64_t> sizes = {100};
+  PutStartResult started = std::move(leasing.BatchPutStart(keys, sizes, {}).value()[0]);
+  ASSERT_TRUE(started.status.ok()) << started.status;
+  now_ += absl::Seconds(3);  // the lease runs from the commit, not the reservation
+  ASSERT_TRUE(leasing.BatchPutEnd({PutRef{"k", started.put_id}}).results[0].ok());
+  EXPECT_EQ(leasing.CountLeased(), 1u);
+  EXPECT_EQ(ToErrorCode(leasing.BatchRemove({"k"}, false).results[0]), v1::OBJECT_HAS_LEASE);
+  EXPECT_EQ(leasing.RemoveAll(false).results[0], 0u);
+  now_ += absl::Seconds(9);
+  EXPECT_EQ(leasing.CountLeased(), 1u);
+  now_ += absl::Seconds(2);
+  EXPECT_EQ(leasing.CountLeased(), 0u);
+  EXPECT_TRUE(leasing.BatchRemove({"k"}, false).results[0].ok());
+}
+
 TEST_F(MasterTest, ReadTokensExpireWithTheLease) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   ASSERT_TRUE(Put("k", 100).ok());
