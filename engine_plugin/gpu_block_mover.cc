@@ -226,6 +226,7 @@ class PhaseClock {
     last_ = now;
   }
   absl::Duration Total() const { return absl::Now() - start_; }
+  absl::Time start() const { return start_; }
 
  private:
   absl::Time last_;
@@ -271,6 +272,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   auto commit = [this, &results](Batch& batch) {
     cudaError_t e = cudaEventSynchronize(batch.done);
     if (e == cudaSuccess && batch.sums != nullptr) e = cudaEventSynchronize(batch.summed);
+    batch.copied = absl::Now();
     if (e != cudaSuccess) {
       client_.BatchAbandonLocal(batch.reservations);
       for (size_t owner : batch.owners) results[owner] = CudaError("copying blocks", e);
@@ -325,12 +327,18 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
       continue;
     }
     if (batch->ids.empty()) continue;
+    if (batches.empty()) times.to_first_copy += absl::Now() - clock.start();
     committing.push_back(std::async(std::launch::async, commit, std::ref(*batch)));
     batches.push_back(std::move(batch));
   }
   clock.Charge(times.launch);
   for (std::future<void>& f : committing) f.get();
   clock.Charge(times.commit);
+  if (!batches.empty()) {
+    absl::Time last_copy = absl::InfinitePast();
+    for (const std::unique_ptr<Batch>& batch : batches) last_copy = std::max(last_copy, batch->copied);
+    times.after_last_copy += absl::Now() - last_copy;
+  }
   if (force_remote_) {
     for (size_t i = 0; i < keys.size(); ++i) remote.push_back(i);
   }
@@ -433,6 +441,9 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
     if (!status.ok()) {
       for (size_t owner : batch->owners) results[owner] = status;
       continue;
+    }
+    if (launched.empty() && !batch->ids.empty()) {
+      times.to_first_copy += absl::Now() - clock.start();
     }
     launched.push_back(std::move(batch));
   }

@@ -76,6 +76,11 @@ struct MoverPhaseTimes {
   absl::Duration wait;
   absl::Duration commit;  // stores
   absl::Duration total;
+  // Of the total: from the call until the first copy was queued (the first answer of the
+  // master), and, for stores, from the end of the last copy until the call returned (the last
+  // commit). What a call adds to its copies is mostly these two.
+  absl::Duration to_first_copy;
+  absl::Duration after_last_copy;
   uint64_t calls = 0;
   uint64_t blocks = 0;
 };
@@ -145,6 +150,7 @@ class GpuBlockMover : public BlockTransfer {
     uint64_t* sums = nullptr;  // [ids.size()] the GPU's checksums (pinned), or null: none
     cudaEvent_t done = nullptr;    // the copy
     cudaEvent_t summed = nullptr;  // the checksums (when sums)
+    absl::Time copied;             // stores: when the copy (and checksums) was seen done
   };
   // One batch's lookup on its way (LocateBatches): keys [first, first + n).
   struct Located {

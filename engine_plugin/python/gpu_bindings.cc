@@ -504,6 +504,8 @@ void BindGpu(py::module_& m) {
                d["wait_ms"] = absl::ToDoubleMilliseconds(t.wait);
                d["commit_ms"] = absl::ToDoubleMilliseconds(t.commit);
                d["total_ms"] = absl::ToDoubleMilliseconds(t.total);
+               d["to_first_copy_ms"] = absl::ToDoubleMilliseconds(t.to_first_copy);
+               d["after_last_copy_ms"] = absl::ToDoubleMilliseconds(t.after_last_copy);
                d["calls"] = t.calls;
                d["blocks"] = t.blocks;
                return d;
@@ -514,7 +516,9 @@ void BindGpu(py::module_& m) {
              return d;
            },
            "Where the calls spent their time so far, per direction (wall clock, ms): master "
-           "(reserve or locate), launch (queuing GPU work), wait (for the GPU), commit (stores).")
+           "(reserve or locate), launch (queuing GPU work), wait (for the GPU), commit (stores); "
+           "of the total, to_first_copy (until the first copy was queued) and after_last_copy "
+           "(stores: from the last copy's end to the return).")
       .def_property_readonly("bytes_per_block",
                              [](const PyGpuBlockMover& self) { return self.mover->bytes_per_block(); });
 #else

@@ -123,7 +123,8 @@ def bench_bandwidth(master, args):
     t_store = timed(do_store, reps=args.reps)
     after = mover.phase_times()["store"]
     store_phases = {k: (after[k] - before[k]) / max(1, after["calls"] - before["calls"])
-                    for k in ("master_ms", "launch_ms", "wait_ms", "commit_ms", "total_ms")}
+                    for k in ("master_ms", "launch_ms", "wait_ms", "commit_ms", "total_ms",
+                              "to_first_copy_ms", "after_last_copy_ms")}
     store.remove_all(True)
     # The same store with the checksums computed by the CPU at commit (the old path).
     cpu_mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs, gpu_checksums=False)
@@ -150,7 +151,7 @@ def bench_bandwidth(master, args):
     t_load = timed(do_load, reps=args.reps)
     after = mover.phase_times()["load"]
     load_phases = {k: (after[k] - before[k]) / max(1, after["calls"] - before["calls"])
-                   for k in ("master_ms", "launch_ms", "wait_ms", "total_ms")}
+                   for k in ("master_ms", "launch_ms", "wait_ms", "total_ms", "to_first_copy_ms")}
     assert torch.equal(cache[:n], cache[n:])
 
     # Both at once: load set A into B's blocks while storing blocks A under new keys.
