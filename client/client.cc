@@ -536,7 +536,8 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   std::vector<size_t> committed;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t put_id = (*reserved)[i].put_id;
-    if (put_id == 0) continue;
+    // No reservation (dedup, no space): nothing to end. A written key is always committed.
+    if (put_id == 0 && !(*reserved)[i].status.ok()) continue;
     if (results[i].ok()) {
       end.push_back({.key = items[i].key, .put_id = put_id, .checksum = checksums[i]});
       committed.push_back(i);

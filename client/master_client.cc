@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvpool/v1/master.grpc.pb.h"
-#include "proto/capability.h"
 #include "proto/channel.h"
 #include "proto/error_codes.h"
 
@@ -310,15 +309,15 @@ absl::StatusOr<std::vector<Reservation>> GrpcMasterClient::BatchPutStart(
       out.status = absl::InternalError("master gave no placement");
       continue;
     }
-    out.deadline = absl::InfiniteFuture();
+    if (result.deadline_unix_ms() != 0) {
+      out.deadline = absl::FromUnixMillis(result.deadline_unix_ms());
+    }
     for (const v1::Placement& placement : result.placements()) {
       absl::StatusOr<Placement> converted = FromWire(placement, request.sizes[i]);
       if (!converted.ok()) {
         out.status = converted.status();
         break;
       }
-      // The write grant's expiry, as the master minted it into the token.
-      out.deadline = std::min(out.deadline, wire::TokenExpiry(converted->token));
       out.placements.push_back(*std::move(converted));
     }
     if (!out.status.ok()) out.placements.clear();
@@ -490,7 +489,8 @@ absl::StatusOr<ClusterStatus> GrpcMasterClient::GetClusterStatus() {
 }
 
 absl::StatusOr<std::vector<SegmentEntry>> GrpcMasterClient::ListSegments() {
-  absl::StatusOr<v1::GetClusterStatusResponse> response = LeaderStatus();
+  absl::StatusOr<v1::ListSegmentsResponse> response =
+      Call(&v1::MasterService::Stub::ListSegments, v1::ListSegmentsRequest());
   if (!response.ok()) return response.status();
   std::vector<SegmentEntry> segments;
   for (const v1::SegmentStatus& s : response->segments()) {
