@@ -644,12 +644,14 @@ std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem>
 }
 
 absl::StatusOr<uint64_t> Client::Size(absl::string_view key) {
+  // The master's answer, not a cached one: another client may have removed the key and put
+  // another value under it, and nothing is read here that a checksum would catch.
   std::string k(key);
-  absl::StatusOr<std::vector<Impl::Located>> located = impl_->Locate(absl::MakeConstSpan(&k, 1));
+  absl::StatusOr<std::vector<client::Location>> located =
+      impl_->master->BatchGetReplicaList(absl::MakeConstSpan(&k, 1));
   if (!located.ok()) return located.status();
-  const client::Location& location = (*located)[0].location;
-  if (!location.status.ok()) return location.status;
-  return location.size;
+  if (!(*located)[0].status.ok()) return (*located)[0].status;
+  return (*located)[0].size;
 }
 
 absl::StatusOr<bool> Client::Exists(absl::string_view key) {
@@ -698,7 +700,10 @@ absl::StatusOr<uint64_t> Client::RemoveByRegex(absl::string_view pattern, bool f
 
 std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> Client::BatchReplicaLocations(
     absl::Span<const std::string> keys) {
-  absl::StatusOr<std::vector<Impl::Located>> located = impl_->Locate(keys);
+  // Where the replicas are now (an operator's or a task's question): the master's answer,
+  // never a cached one, which a copy or move by another client leaves behind.
+  absl::StatusOr<std::vector<client::Location>> located =
+      impl_->master->BatchGetReplicaList(keys);
   std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> results;
   results.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -706,7 +711,7 @@ std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> Client::BatchReplicaLo
       results.push_back(located.status());
       continue;
     }
-    const client::Location& location = (*located)[i].location;
+    const client::Location& location = (*located)[i];
     if (!location.status.ok()) {
       results.push_back(location.status);
       continue;
