@@ -5,10 +5,13 @@
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/client_builder.h"
 #include "client/master_client.h"
 #include "client/routing_transport.h"
+#include "client/segment_directory.h"
 #include "client/tcp_transport.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -27,54 +30,16 @@ using client::TransferOp;
 
 namespace {
 
-absl::StatusOr<wire::Token> TokenFrom(const std::string& bytes) {
-  wire::Token token;
-  if (bytes.size() != token.size()) {
-    return absl::InternalError(absl::StrCat("master sent a ", bytes.size(), "-byte token"));
-  }
-  std::memcpy(token.data(), bytes.data(), token.size());
-  return token;
-}
-
-// The op moving `size` bytes between `iov` and `placement`. InternalError for a placement the
-// master got wrong: a token of the wrong size, or a length other than `size`.
-absl::StatusOr<TransferOp> MakeOp(wire::Opcode opcode, const v1::Placement& placement,
-                                  uint64_t size, std::vector<iovec> iov) {
-  absl::StatusOr<wire::Token> token = TokenFrom(placement.token());
-  if (!token.ok()) return token.status();
-  if (placement.length() != size) {
-    return absl::InternalError(absl::StrCat("master placed ", placement.length(),
-                                            " bytes for an object of ", size));
-  }
+// The op moving `placement`'s bytes between `iov` and the segment.
+TransferOp OpFor(wire::Opcode opcode, const client::Placement& placement, std::vector<iovec> iov) {
   return TransferOp{.opcode = opcode,
-                    .endpoint = placement.endpoint(),
-                    .host = placement.host(),
-                    .incarnation = placement.incarnation(),
-                    .offset = placement.offset(),
-                    .length = size,
-                    .token = *token,
+                    .endpoint = placement.endpoint,
+                    .host = placement.host,
+                    .incarnation = placement.incarnation,
+                    .offset = placement.offset,
+                    .length = placement.length,
+                    .token = placement.token,
                     .iov = std::move(iov)};
-}
-
-absl::Status CountMismatch(size_t got, size_t expected) {
-  return absl::InternalError(
-      absl::StrCat("master answered ", got, " results for ", expected, " keys"));
-}
-
-// One status per key from an answer of KeyResults for `n` keys: the call's failure for every
-// key, or CountMismatch's if the master answered another number of results.
-template <typename Response>
-std::vector<absl::Status> KeyStatuses(const absl::StatusOr<Response>& response, size_t n) {
-  if (!response.ok()) return std::vector<absl::Status>(n, response.status());
-  if (response->results_size() != static_cast<int>(n)) {
-    return std::vector<absl::Status>(n, CountMismatch(response->results_size(), n));
-  }
-  std::vector<absl::Status> results;
-  results.reserve(n);
-  for (const v1::KeyResult& result : response->results()) {
-    results.push_back(FromErrorCode(result.code(), result.message()));
-  }
-  return results;
 }
 
 // The first `size` bytes of `parts`, as an iovec list.
@@ -99,25 +64,26 @@ ClientTlsOptions TlsOptionsOf(const ClientOptions& options) {
 }  // namespace
 
 struct Client::Impl {
-  Impl(const ClientOptions& o, std::unique_ptr<MasterLocator> locator)
+  Impl(const ClientOptions& o, std::unique_ptr<client::MasterClient> master_client,
+       std::unique_ptr<client::Transport> data_transport)
       : options(o),
         local_host(o.local_host.empty() ? LocalHostName() : o.local_host),
         machine_id(MachineId()),
-        master(std::move(locator), o.rpc_timeout, TlsOptionsOf(o), o.auth_token),
-        transport(std::make_unique<client::RoutingTransport>(
+        master(std::move(master_client)),
+        directory(*master, machine_id, kDirectoryPeriod),
+        routing(std::make_unique<client::RoutingTransport>(
             o.transport,
-            [this](const std::string& endpoint) { return ShmSocketOf(endpoint); },
+            [this](const std::string& endpoint) { return directory.ShmSocket(endpoint); },
             client::TcpTransportOptions{.connections_per_endpoint = o.connections_per_segment},
-            o.rdma_device)) {}
+            o.rdma_device)),
+        fake_transport(std::move(data_transport)),
+        transport(fake_transport != nullptr ? fake_transport.get() : routing.get()) {}
 
-  // The shared-memory socket of a segment, from the master's segment list (cached; asked
-  // again at most once a second for an endpoint it does not know).
-  std::optional<std::string> ShmSocketOf(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(shm_mu);
   // Maps the pools of the segments of this machine known so far, before any placement or
   // lease is asked for: mapping (and populating) a large pool can take longer than a write
   // grant or a lease lasts (30 s for 4 GiB on a loaded machine), so it must not happen
   // between a placement and its bytes. Pools mapped already cost a lookup each.
-  void MapKnownLocalPools() ABSL_LOCKS_EXCLUDED(shm_mu);
+  void MapKnownLocalPools();
 
   absl::Time TransferDeadline() const { return absl::Now() + options.transfer_timeout; }
 
@@ -126,8 +92,7 @@ struct Client::Impl {
   // forced), so its placement still holds.
   struct Located {
     std::string key;
-    v1::GetResult result;
-    absl::Time lease_expiry;
+    client::Location location;
     bool cached = false;
   };
 
@@ -145,7 +110,7 @@ struct Client::Impl {
 
   // Step G2: reads the located objects `wanted` (indices into `located`) into their target
   // buffers, trying replicas on this host first, then the others, until one succeeds, and
-  // sets their results. `targets[i]` must hold located[i].result.size() bytes. Checks
+  // sets their results. `targets[i]` must hold located[i].location.size bytes. Checks
   // checksums when asked, always for a cached location, and always for a read that finished
   // after its lease ran out (LEASE_EXPIRED if the bytes changed). A cached location that
   // fails is forgotten and answered LEASE_EXPIRED, which the callers retry with the master.
@@ -164,35 +129,36 @@ struct Client::Impl {
   std::vector<absl::StatusOr<uint64_t>> BatchGetOnce(absl::Span<const GetItem> items,
                                                      const GetOptions& options);
 
-  // Copies the objects of a draining segment as the master planned them: reads each from its
+  // Copies objects as the master planned them (a drain, a replica copy): reads each from its
   // source into `buffer`, checks its checksum, writes it to its destination. Whether each
   // copy was made, in order.
-  std::vector<bool> CopyMigrations(const google::protobuf::RepeatedPtrField<v1::Migration>& batch,
+  std::vector<bool> CopyMigrations(absl::Span<const client::Migration> batch,
                                    std::string& buffer);
-  void MapLocalPools();
-  // ReplicaCopyStart's request for CopyReplica and CheckCopyReplica.
-  static v1::ReplicaCopyStartRequest CopyRequest(absl::string_view key,
-                                                 absl::Span<const std::string> targets,
-                                                 absl::string_view move_from);
 
-  // Replica indices of `result`, those on this host first.
-  std::vector<int> ReplicaOrder(const v1::GetResult& result);
+  // Replica indices of `location`, those on this host first.
+  std::vector<int> ReplicaOrder(const client::Location& location);
+
+  // The segment list is read again this often (and soon after a lookup it did not know).
+  static constexpr absl::Duration kDirectoryPeriod = absl::Seconds(5);
 
   const ClientOptions options;
   const std::string local_host;
   const std::string machine_id;
-  client::MasterClient master;
-  std::unique_ptr<client::RoutingTransport> transport;
-
-  // Segments on this machine: endpoint -> shared-memory socket ("" if it offers none).
-  absl::Mutex shm_mu;
-  absl::flat_hash_map<std::string, std::string> local_segments ABSL_GUARDED_BY(shm_mu);
-  absl::flat_hash_set<std::string> remote_segments ABSL_GUARDED_BY(shm_mu);
-  absl::Time segments_fetched ABSL_GUARDED_BY(shm_mu) = absl::InfinitePast();
+  const std::unique_ptr<client::MasterClient> master;
+  client::SegmentDirectory directory;
+  std::unique_ptr<client::RoutingTransport> routing;
+  // Tests move bytes through a transport of their own (ClientBuilder); null otherwise.
+  std::unique_ptr<client::Transport> fake_transport;
+  // Every op of a get, put or copy: `routing`, or the test's transport.
+  client::Transport* const transport;
 
   // Checksums of many values (XXH3 runs at ~10 GB/s per core: large batches use several).
   std::vector<uint64_t> Checksums(const std::vector<std::vector<iovec>>& values);
   TaskPool workers{static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u)) - 1};
+  // The thread that hashes a put batch while the calling thread moves its bytes: a pool of
+  // its own (Checksums runs batches on `workers`, and a task of `workers` waiting on more
+  // tasks of `workers` could wait for ever once every thread does so).
+  TaskPool put_hasher{1};
 
   // Locations within their lease, by key (see Located). Bounded: cleared when full.
   static constexpr size_t kMaxCachedLocations = size_t{1} << 16;
@@ -208,6 +174,7 @@ struct Client::Impl {
   std::atomic<uint64_t> bytes_put{0};
   std::atomic<uint64_t> bytes_got{0};
   std::atomic<uint64_t> location_cache_hits{0};
+  std::atomic<uint64_t> master_lookups{0};
 };
 
 std::vector<uint64_t> Client::Impl::Checksums(const std::vector<std::vector<iovec>>& values) {
@@ -232,39 +199,10 @@ void Client::Impl::MapKnownLocalPools() {
       options.transport != TransportKind::kSharedMemory) {
     return;
   }
-  std::vector<std::string> endpoints;
-  {
-    absl::MutexLock lock(&shm_mu);
-    for (const auto& [endpoint, socket] : local_segments) {
-      if (!socket.empty()) endpoints.push_back(endpoint);
-    }
-  }
   // Mapped already: a lookup each. Refused or failed: not asked again for a while.
-  for (const std::string& endpoint : endpoints) transport->LocalPool(endpoint, /*incarnation=*/0);
-}
-
-std::optional<std::string> Client::Impl::ShmSocketOf(const std::string& endpoint) {
-  absl::MutexLock lock(&shm_mu);
-  bool known = local_segments.contains(endpoint) || remote_segments.contains(endpoint);
-  if (!known && absl::Now() - segments_fetched > absl::Seconds(1)) {
-    segments_fetched = absl::Now();
-    if (absl::StatusOr<v1::GetClusterStatusResponse> status =
-            master.GetClusterStatus(v1::GetClusterStatusRequest());
-        status.ok()) {
-      local_segments.clear();
-      remote_segments.clear();
-      for (const v1::SegmentStatus& segment : status->segments()) {
-        if (segment.machine_id() == machine_id) {
-          local_segments[segment.endpoint()] = segment.shm_socket();
-        } else {
-          remote_segments.insert(segment.endpoint());
-        }
-      }
-    }
+  for (const std::string& endpoint : directory.LocalShmEndpoints()) {
+    routing->LocalPool(endpoint, /*incarnation=*/0);
   }
-  auto it = local_segments.find(endpoint);
-  if (it == local_segments.end() || it->second.empty()) return std::nullopt;
-  return it->second;
 }
 
 std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
@@ -278,7 +216,7 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
                    static_cast<double>(impl.bytes_put.load()), {{"op", "put"}});
   families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
                    static_cast<double>(impl.bytes_got.load()), {{"op", "get"}});
-  client::RoutingTransport::Stats transport = impl.transport->stats();
+  client::RoutingTransport::Stats transport = impl.routing->stats();
   families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
                    static_cast<double>(transport.shm_ops), {{"transport", "shm"}});
   families.Counter("kvpool_client_transfers_total", "Replica transfers, by transport.",
@@ -288,18 +226,21 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
   families.Counter("kvpool_client_location_cache_hits_total",
                    "Keys located from the client's lease cache instead of the master.",
                    static_cast<double>(impl.location_cache_hits.load()));
+  families.Counter("kvpool_client_master_lookups_total",
+                   "Calls to the master to locate keys (one per batch that missed the cache).",
+                   static_cast<double>(impl.master_lookups.load()));
   return families.Take();
 }
 
 std::string Client::MetricsText() const { return SerializeMetrics(ClientMetrics(*this).Collect()); }
 
-std::vector<int> Client::Impl::ReplicaOrder(const v1::GetResult& result) {
-  std::vector<int> order(result.replicas_size());
+std::vector<int> Client::Impl::ReplicaOrder(const client::Location& location) {
+  std::vector<int> order(location.replicas.size());
   std::iota(order.begin(), order.end(), 0);
   if (order.size() > 1) {
     std::stable_partition(order.begin(), order.end(), [&](int i) {
-      const v1::Placement& replica = result.replicas(i);
-      return replica.host() == local_host || ShmSocketOf(replica.endpoint()).has_value();
+      const client::Placement& replica = location.replicas[i];
+      return replica.host == local_host || directory.ShmSocket(replica.endpoint).has_value();
     });
   }
   return order;
@@ -318,14 +259,13 @@ absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
     for (size_t i = 0; i < keys.size(); ++i) {
       auto it = options.cache_locations ? locations.find(keys[i]) : locations.end();
       absl::Duration margin =
-          it == locations.end()
-              ? kCacheMargin
-              : std::max(kCacheMargin, absl::Milliseconds(it->second.result.lease_ttl_ms()) / 2);
-      if (it != locations.end() && it->second.lease_expiry - margin > now) {
+          it == locations.end() ? kCacheMargin
+                                : std::max(kCacheMargin, it->second.location.lease / 2);
+      if (it != locations.end() && it->second.location.lease_expiry - margin > now) {
         located[i] = it->second;
         location_cache_hits.fetch_add(1, std::memory_order_relaxed);
       } else {
-        if (it != locations.end() && it->second.lease_expiry - kFallbackMargin > now) {
+        if (it != locations.end() && it->second.location.lease_expiry - kFallbackMargin > now) {
           renewing.emplace(missing.size(), it->second);
         }
         located[i].key = keys[i];
@@ -334,13 +274,12 @@ absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
     }
   }
   if (missing.empty()) return located;
-  v1::BatchGetReplicaListRequest request;
-  for (size_t i : missing) request.add_keys(keys[i]);
-  absl::StatusOr<v1::BatchGetReplicaListResponse> answer = master.BatchGetReplicaList(
-      request, renewing.size() == missing.size() ? std::optional(kRenewTimeout) : std::nullopt);
-  if (answer.ok() && answer->results_size() != static_cast<int>(missing.size())) {
-    answer = CountMismatch(answer->results_size(), missing.size());
-  }
+  std::vector<std::string> asked;
+  asked.reserve(missing.size());
+  for (size_t i : missing) asked.push_back(keys[i]);
+  master_lookups.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusOr<std::vector<client::Location>> answer = master->BatchGetReplicaList(
+      asked, renewing.size() == missing.size() ? std::optional(kRenewTimeout) : std::nullopt);
   if (!answer.ok()) {
     if (renewing.size() != missing.size()) return answer.status();
     // Every key still has a lease: read where the cache says.
@@ -351,15 +290,14 @@ absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
   if (locations.size() > kMaxCachedLocations) locations.clear();
   for (size_t k = 0; k < missing.size(); ++k) {
     Located& entry = located[missing[k]];
-    if (auto old = renewing.find(k); old != renewing.end() &&
-                                      answer->results(static_cast<int>(k)).code() ==
-                                          v1::OBJECT_NOT_FOUND) {
+    client::Location& fresh = (*answer)[k];
+    if (auto old = renewing.find(k);
+        old != renewing.end() && ToErrorCode(fresh.status) == ErrorCode::OBJECT_NOT_FOUND) {
       entry = std::move(old->second);
       continue;
     }
-    entry.result = std::move(*answer->mutable_results(static_cast<int>(k)));
-    entry.lease_expiry = now + absl::Milliseconds(entry.result.lease_ttl_ms());
-    if (options.cache_locations && entry.result.code() == v1::OK) {
+    entry.location = std::move(fresh);
+    if (options.cache_locations && entry.location.status.ok()) {
       Located& cached = locations[entry.key];
       cached = entry;
       cached.cached = true;
@@ -379,7 +317,7 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
                                std::vector<absl::StatusOr<uint64_t>>& results) {
   std::vector<std::vector<int>> order(results.size());
   std::vector<size_t> tried(results.size(), 0);
-  for (size_t i : wanted) order[i] = ReplicaOrder(located[i].result);
+  for (size_t i : wanted) order[i] = ReplicaOrder(located[i].location);
   std::vector<size_t> waiting = std::move(wanted);
   std::vector<std::string> stale;
   absl::Time deadline = TransferDeadline();
@@ -387,14 +325,9 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
     std::vector<TransferOp> ops;
     std::vector<size_t> owners;
     for (size_t i : waiting) {
-      const v1::GetResult& result = located[i].result;
-      const v1::Placement& replica = result.replicas(order[i][tried[i]++]);
-      absl::StatusOr<TransferOp> op = MakeOp(wire::Opcode::kRead, replica, result.size(), targets[i]);
-      if (!op.ok()) {
-        results[i] = op.status();
-        continue;
-      }
-      ops.push_back(*std::move(op));
+      const client::Location& location = located[i].location;
+      ops.push_back(OpFor(wire::Opcode::kRead, location.replicas[order[i][tried[i]++]],
+                          targets[i]));
       owners.push_back(i);
     }
     transport->Execute(absl::MakeSpan(ops), deadline);
@@ -406,11 +339,11 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
     std::vector<size_t> hashed_as(ops.size(), 0);
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
-      bool lease_ran_out = finished > located[i].lease_expiry;
+      bool lease_ran_out = finished > located[i].location.lease_expiry;
       check[k] = ops[k].status.ok() &&
                  (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
                   located[i].cached) &&
-                 located[i].result.checksum() != 0;
+                 located[i].location.checksum != 0;
       if (check[k]) {
         hashed_as[k] = to_hash.size();
         to_hash.push_back(targets[i]);
@@ -419,22 +352,22 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
     std::vector<uint64_t> sums = to_hash.empty() ? std::vector<uint64_t>() : Checksums(to_hash);
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
-      const v1::GetResult& result = located[i].result;
+      const client::Location& location = located[i].location;
       if (ops[k].status.ok()) {
-        bool lease_ran_out = finished > located[i].lease_expiry;
-        if (check[k] && sums[hashed_as[k]] != result.checksum()) {
+        bool lease_ran_out = finished > location.lease_expiry;
+        if (check[k] && sums[hashed_as[k]] != location.checksum) {
           results[i] = lease_ran_out
-                           ? ErrorStatus(v1::LEASE_EXPIRED,
+                           ? ErrorStatus(ErrorCode::LEASE_EXPIRED,
                                          "the read outlasted its lease and the object changed")
-                           : ErrorStatus(v1::CHECKSUM_MISMATCH,
+                           : ErrorStatus(ErrorCode::CHECKSUM_MISMATCH,
                                          absl::StrCat("bytes read from ", ops[k].endpoint,
                                                       " do not match the writer's checksum"));
         } else {
-          results[i] = result.size();
+          results[i] = location.size;
         }
       } else if (tried[i] < order[i].size() &&
                  ops[k].status.code() != absl::StatusCode::kDeadlineExceeded &&
-                 ToErrorCode(ops[k].status) != v1::LEASE_EXPIRED) {
+                 ToErrorCode(ops[k].status) != ErrorCode::LEASE_EXPIRED) {
         waiting.push_back(i);  // try the next replica
       } else {
         results[i] = ops[k].status;
@@ -443,8 +376,9 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
         // The answer is old (the object was force-removed, its segment lost or drained):
         // forget it and let the caller's LEASE_EXPIRED retry ask the master afresh.
         stale.push_back(located[i].key);
-        results[i] = ErrorStatus(v1::LEASE_EXPIRED,
-                                 absl::StrCat("cached location failed: ", results[i].status().message()));
+        results[i] = ErrorStatus(
+            ErrorCode::LEASE_EXPIRED,
+            absl::StrCat("cached location failed: ", results[i].status().message()));
       }
     }
   }
@@ -466,24 +400,20 @@ std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetOnce(absl::Span<cons
   std::vector<std::vector<iovec>> targets(n);
   std::vector<size_t> wanted;
   for (size_t i = 0; i < n; ++i) {
-    const v1::GetResult& result = (*located)[i].result;
-    if (result.code() != v1::OK) {
-      results[i] = FromErrorCode(result.code(), result.message());
-      continue;
-    }
-    if (result.replicas().empty()) {
-      results[i] = absl::InternalError("master gave no replica");
+    const client::Location& location = (*located)[i].location;
+    if (!location.status.ok()) {
+      results[i] = location.status;
       continue;
     }
     uint64_t capacity = 0;
     for (const MutableBuffer& part : items[i].parts) capacity += part.size;
-    if (capacity < result.size()) {
-      results[i] = ErrorStatus(v1::BUFFER_OVERFLOW,
+    if (capacity < location.size) {
+      results[i] = ErrorStatus(ErrorCode::BUFFER_OVERFLOW,
                                absl::StrCat("buffers hold ", capacity, " bytes but the object has ",
-                                            result.size()));
+                                            location.size));
       continue;
     }
-    targets[i] = Truncated(items[i].parts, result.size());
+    targets[i] = Truncated(items[i].parts, location.size);
     wanted.push_back(i);
   }
   ReadLocated(*located, std::move(wanted), targets, options, results);
@@ -494,20 +424,32 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() = default;
 
+absl::StatusOr<std::unique_ptr<Client>> ClientBuilder::Build(
+    const ClientOptions& options, std::unique_ptr<client::MasterClient> master,
+    std::unique_ptr<client::Transport> transport) {
+  auto impl = std::make_unique<Client::Impl>(options, std::move(master), std::move(transport));
+  if (absl::Status ready = impl->master->WaitForMaster(options.connect_timeout); !ready.ok()) {
+    return ready;
+  }
+  // The segments known now, so that the first writes and reads route to this machine's
+  // segments and map their pools before any placement (a write held up between a placement
+  // and its bytes lands late, and shared-memory writes are fenced only by their intents:
+  // docs/semantics.md); from then on the list is refreshed in the background.
+  (void)impl->directory.Refresh();
+  impl->directory.Start();
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (absl::Status tls = ValidateClientTls(TlsOptionsOf(options)); !tls.ok()) return tls;
   absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
       MasterLocator::Create(options.master_address, kDefaultEtcdPrefix, TlsOptionsOf(options));
   if (!locator.ok()) return locator.status();
-  auto impl = std::make_unique<Impl>(options, std::move(*locator));
-  if (absl::Status ready = impl->master.WaitForMaster(options.connect_timeout); !ready.ok()) {
-    return ready;
-  }
-  // The segments known now, so that the first writes and reads do not ask the master for
-  // them between a placement and its bytes (a write held up there lands late, and shared
-  // memory writes are not fenced at the segment: docs/semantics.md).
-  impl->ShmSocketOf("");
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  return ClientBuilder::Build(
+      options,
+      client::MakeGrpcMasterClient(std::move(*locator), options.rpc_timeout,
+                                   TlsOptionsOf(options), options.auth_token),
+      /*transport=*/nullptr);
 }
 
 absl::Status Client::Put(absl::string_view key, absl::Span<const ConstBuffer> parts,
@@ -546,110 +488,89 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   MapKnownLocalPools();
 
   // Step P1: reserve space.
-  v1::BatchPutStartRequest start;
-  start.set_replica_num(options.replicas);
-  start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
-                : options.pin == PinMode::kSoft ? v1::PIN_SOFT
-                                                : v1::PIN_NONE);
+  client::PutStartRequest start{.replicas = options.replicas,
+                                .pin = options.pin,
+                                .preferred_segments = options.preferred_segments};
   if (options.prefer_local_segment) {
-    start.set_preferred_host(local_host);
-    start.set_preferred_machine_id(machine_id);
-  }
-  for (const std::string& segment : options.preferred_segments) {
-    start.add_preferred_segments(segment);
+    start.preferred_host = local_host;
+    start.preferred_machine_id = machine_id;
   }
   for (const PutItem& item : items) {
-    start.add_keys(item.key);
-    start.add_sizes(std::accumulate(item.parts.begin(), item.parts.end(), uint64_t{0},
-                                    [](uint64_t sum, const ConstBuffer& b) { return sum + b.size; }));
+    start.keys.push_back(item.key);
+    start.sizes.push_back(std::accumulate(
+        item.parts.begin(), item.parts.end(), uint64_t{0},
+        [](uint64_t sum, const ConstBuffer& b) { return sum + b.size; }));
   }
-  absl::StatusOr<v1::BatchPutStartResponse> reserved = master.BatchPutStart(start);
-  if (reserved.ok() && reserved->results_size() != static_cast<int>(n)) {
-    reserved = CountMismatch(reserved->results_size(), n);
-  }
+  absl::StatusOr<std::vector<client::Reservation>> reserved = master->BatchPutStart(start);
   if (!reserved.ok()) return std::vector<absl::Status>(n, reserved.status());
 
   // Step P2: write every replica straight from the caller's buffers.
   std::vector<TransferOp> ops;
   std::vector<size_t> owners;
-  std::vector<bool> has_reservation(n, false);
   std::vector<std::vector<iovec>> gathered(n);
   for (size_t i = 0; i < n; ++i) {
-    const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
-    if (result.code() != v1::OK) {
-      results[i] = FromErrorCode(result.code(), result.message());
-      continue;
-    }
-    has_reservation[i] = true;
+    const client::Reservation& reservation = (*reserved)[i];
+    results[i] = reservation.status;
+    if (!results[i].ok()) continue;
     std::vector<iovec>& iov = gathered[i];
     for (const ConstBuffer& part : items[i].parts) {
       if (part.size > 0) iov.push_back(iovec{const_cast<void*>(part.data), part.size});
     }
-    if (result.placements().empty()) results[i] = absl::InternalError("master gave no placement");
-    for (const v1::Placement& placement : result.placements()) {
-      absl::StatusOr<TransferOp> op =
-          MakeOp(wire::Opcode::kWrite, placement, start.sizes(static_cast<int>(i)), iov);
-      if (!op.ok()) {
-        results[i] = op.status();
-        break;
-      }
-      ops.push_back(*std::move(op));
+    for (const client::Placement& placement : reservation.placements) {
+      ops.push_back(OpFor(wire::Opcode::kWrite, placement, iov));
       owners.push_back(i);
     }
   }
-  // The checksums are computed while the bytes move.
+  // The checksums are computed (on put_hasher) while the bytes move (on this thread).
   std::vector<uint64_t> checksums;
-  std::thread summing([&] { checksums = Checksums(gathered); });
-  transport->Execute(absl::MakeSpan(ops), TransferDeadline());
-  summing.join();
+  put_hasher.Run({[&] { transport->Execute(absl::MakeSpan(ops), TransferDeadline()); },
+                  [&] { checksums = Checksums(gathered); }});
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!ops[k].status.ok() && results[owners[k]].ok()) results[owners[k]] = ops[k].status;
   }
 
-  // Step P3: commit what was written; revoke what was not, so its space is freed at once.
-  v1::BatchPutEndRequest end;
-  v1::BatchPutRevokeRequest revoke;
+  // Step P3: commit what was written; revoke what was not, so its space is freed at once
+  // (every reservation the master made, including one whose placements it got wrong).
+  std::vector<client::PutEnd> end;
+  std::vector<client::PutEnd> revoke;
   std::vector<size_t> committed;
   for (size_t i = 0; i < n; ++i) {
-    if (!has_reservation[i]) continue;
-    v1::PutEndItem* item = results[i].ok() ? end.add_items() : revoke.add_items();
-    item->set_key(items[i].key);
-    item->set_put_id(reserved->results(static_cast<int>(i)).put_id());
-    if (results[i].ok()) item->set_checksum(checksums[i]);
-    if (results[i].ok()) committed.push_back(i);
+    const uint64_t put_id = (*reserved)[i].put_id;
+    // No reservation (dedup, no space): nothing to end. A written key is always committed.
+    if (put_id == 0 && !(*reserved)[i].status.ok()) continue;
+    if (results[i].ok()) {
+      end.push_back({.key = items[i].key, .put_id = put_id, .checksum = checksums[i]});
+      committed.push_back(i);
+    } else {
+      revoke.push_back({.key = items[i].key, .put_id = put_id});
+    }
   }
   // A commit the master could not make durable on every replica's segment in time is
   // WRITE_FAIL; committing again with the same put_id is safe, so it is retried a few times
   // (each waits up to the master's manifest sync timeout) before the caller hears of it.
   constexpr int kCommitAttempts = 3;
   for (int attempt = 0; attempt < kCommitAttempts && !committed.empty(); ++attempt) {
-    absl::StatusOr<v1::BatchPutEndResponse> ended = master.BatchPutEnd(end);
-    if (ended.ok() && ended->results_size() != static_cast<int>(committed.size())) {
-      ended = CountMismatch(ended->results_size(), committed.size());
-    }
-    v1::BatchPutEndRequest retry;
+    absl::StatusOr<std::vector<absl::Status>> ended = master->BatchPutEnd(end);
+    std::vector<client::PutEnd> retry;
     std::vector<size_t> again;
     for (size_t k = 0; k < committed.size(); ++k) {
-      absl::Status answer = ended.ok()
-                                ? FromErrorCode(ended->results(static_cast<int>(k)).code(),
-                                                ended->results(static_cast<int>(k)).message())
-                                : ended.status();
+      absl::Status answer = ended.ok() ? (*ended)[k] : ended.status();
       // A retried commit whose object went away meanwhile (its segment declared dead) was
       // never durable: it stays WRITE_FAIL (put again), not a miss.
-      if (attempt == 0 || ToErrorCode(answer) != v1::OBJECT_NOT_FOUND) {
+      if (attempt == 0 || ToErrorCode(answer) != ErrorCode::OBJECT_NOT_FOUND) {
         results[committed[k]] = answer;
       }
-      if (ended.ok() && ended->results(static_cast<int>(k)).code() == v1::WRITE_FAIL) {
-        *retry.add_items() = end.items(static_cast<int>(k));
+      if (ended.ok() && ToErrorCode(answer) == ErrorCode::WRITE_FAIL) {
+        retry.push_back(end[k]);
         again.push_back(committed[k]);
       }
     }
     end = std::move(retry);
     committed = std::move(again);
   }
-  if (revoke.items_size() > 0) {
+  if (!revoke.empty()) {
     // Best effort: a reservation that is not revoked expires on the master by itself.
-    (void)master.BatchPutRevoke(revoke);
+    (void)master->BatchPutRevoke(revoke);
   }
   return results;
 }
@@ -677,30 +598,23 @@ absl::StatusOr<std::string> Client::Impl::GetValue(absl::string_view key,
   for (int attempt = 0; attempt < 2; ++attempt) {
     absl::StatusOr<std::vector<Located>> located = Locate(absl::MakeConstSpan(&k, 1));
     if (!located.ok()) return located.status();
-    const v1::GetResult& result = (*located)[0].result;
-    if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
-    if (result.replicas().empty()) return absl::InternalError("master gave no replica");
+    const client::Location& location = (*located)[0].location;
+    if (!location.status.ok()) return location.status;
     // What the master says is checked before it sizes an allocation: a bad answer is an
     // error, never an abort (or an attempt to allocate petabytes).
     constexpr uint64_t kMaxValueBytes = uint64_t{64} << 30;
-    for (const v1::Placement& replica : result.replicas()) {
-      if (replica.length() != result.size()) {
-        return absl::InternalError(absl::StrCat("master placed ", replica.length(),
-                                                " bytes for an object of ", result.size()));
-      }
-    }
-    if (result.size() == 0 || result.size() > kMaxValueBytes) {
+    if (location.size == 0 || location.size > kMaxValueBytes) {
       return absl::InternalError(
-          absl::StrCat("master answered a size of ", result.size(), " bytes for \"", key,
+          absl::StrCat("master answered a size of ", location.size, " bytes for \"", key,
                        "\" (want 1 to ", kMaxValueBytes, "; use the buffer variant of Get)"));
     }
-    std::string value(result.size(), '\0');
+    std::string value(location.size, '\0');
     std::vector<std::vector<iovec>> targets = {{iovec{value.data(), value.size()}}};
     std::vector<absl::StatusOr<uint64_t>> results(1);
     ReadLocated(*located, {0}, targets, options, results);
     if (results[0].ok()) return value;
     status = results[0].status();
-    if (ToErrorCode(status) != v1::LEASE_EXPIRED) break;
+    if (ToErrorCode(status) != ErrorCode::LEASE_EXPIRED) break;
   }
   return status;
 }
@@ -712,7 +626,7 @@ std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem>
   // Reads that lost their lease get one more try with a fresh answer from the master.
   std::vector<size_t> expired;
   for (size_t i = 0; i < results.size(); ++i) {
-    if (!results[i].ok() && ToErrorCode(results[i].status()) == v1::LEASE_EXPIRED) {
+    if (!results[i].ok() && ToErrorCode(results[i].status()) == ErrorCode::LEASE_EXPIRED) {
       expired.push_back(i);
     }
   }
@@ -730,15 +644,14 @@ std::vector<absl::StatusOr<uint64_t>> Client::BatchGet(absl::Span<const GetItem>
 }
 
 absl::StatusOr<uint64_t> Client::Size(absl::string_view key) {
-  v1::BatchGetReplicaListRequest request;
-  request.add_keys(std::string(key));
-  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-      impl_->master.BatchGetReplicaList(request);
+  // The master's answer, not a cached one: another client may have removed the key and put
+  // another value under it, and nothing is read here that a checksum would catch.
+  std::string k(key);
+  absl::StatusOr<std::vector<client::Location>> located =
+      impl_->master->BatchGetReplicaList(absl::MakeConstSpan(&k, 1));
   if (!located.ok()) return located.status();
-  if (located->results_size() != 1) return CountMismatch(located->results_size(), 1);
-  const v1::GetResult& result = located->results(0);
-  if (result.code() != v1::OK) return FromErrorCode(result.code(), result.message());
-  return result.size();
+  if (!(*located)[0].status.ok()) return (*located)[0].status;
+  return (*located)[0].size;
 }
 
 absl::StatusOr<bool> Client::Exists(absl::string_view key) {
@@ -747,23 +660,9 @@ absl::StatusOr<bool> Client::Exists(absl::string_view key) {
 }
 
 std::vector<absl::StatusOr<bool>> Client::BatchExist(absl::Span<const std::string> keys) {
-  v1::BatchExistRequest request;
-  for (const std::string& key : keys) request.add_keys(key);
-  absl::StatusOr<v1::BatchExistResponse> response = impl_->master.BatchExist(request);
-  if (response.ok() && response->results_size() != static_cast<int>(keys.size())) {
-    response = CountMismatch(response->results_size(), keys.size());
-  }
-  if (!response.ok()) return std::vector<absl::StatusOr<bool>>(keys.size(), response.status());
-  std::vector<absl::StatusOr<bool>> results;
-  results.reserve(keys.size());
-  for (const v1::ExistResult& result : response->results()) {
-    if (result.code() == v1::OK) {
-      results.push_back(result.exists());
-    } else {
-      results.push_back(FromErrorCode(result.code(), ""));
-    }
-  }
-  return results;
+  absl::StatusOr<std::vector<absl::StatusOr<bool>>> results = impl_->master->BatchExist(keys);
+  if (!results.ok()) return std::vector<absl::StatusOr<bool>>(keys.size(), results.status());
+  return *std::move(results);
 }
 
 absl::Status Client::Remove(absl::string_view key, bool force) {
@@ -773,23 +672,13 @@ absl::Status Client::Remove(absl::string_view key, bool force) {
 
 std::vector<absl::Status> Client::BatchRemove(absl::Span<const std::string> keys, bool force) {
   impl_->ForgetLocations(keys);
-  v1::BatchRemoveRequest request;
-  request.set_force(force);
-  for (const std::string& key : keys) request.add_keys(key);
-  absl::StatusOr<v1::BatchRemoveResponse> response = impl_->master.BatchRemove(request);
-  return KeyStatuses(response, keys.size());
+  return impl_->master->BatchRemove(keys, force);
 }
 
 std::vector<absl::Status> Client::BatchDropReplicas(absl::Span<const std::string> keys,
                                                     absl::string_view segment, bool force) {
   impl_->ForgetLocations(keys);
-  v1::BatchDropReplicasRequest request;
-  request.set_segment(std::string(segment));
-  request.set_force(force);
-  for (const std::string& key : keys) request.add_keys(key);
-  absl::StatusOr<v1::BatchDropReplicasResponse> response =
-      impl_->master.BatchDropReplicas(request);
-  return KeyStatuses(response, keys.size());
+  return impl_->master->BatchDropReplicas(keys, segment, force);
 }
 
 absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
@@ -797,11 +686,7 @@ absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
     absl::MutexLock lock(&impl_->cache_mu);
     impl_->locations.clear();
   }
-  v1::RemoveAllRequest request;
-  request.set_force(force);
-  absl::StatusOr<v1::RemoveAllResponse> response = impl_->master.RemoveAll(request);
-  if (!response.ok()) return response.status();
-  return response->removed();
+  return impl_->master->RemoveAll(force, /*key_regex=*/"");
 }
 
 absl::StatusOr<uint64_t> Client::RemoveByRegex(absl::string_view pattern, bool force) {
@@ -810,23 +695,15 @@ absl::StatusOr<uint64_t> Client::RemoveByRegex(absl::string_view pattern, bool f
     absl::MutexLock lock(&impl_->cache_mu);
     impl_->locations.clear();
   }
-  v1::RemoveAllRequest request;
-  request.set_force(force);
-  request.set_key_regex(std::string(pattern));
-  absl::StatusOr<v1::RemoveAllResponse> response = impl_->master.RemoveAll(request);
-  if (!response.ok()) return response.status();
-  return response->removed();
+  return impl_->master->RemoveAll(force, pattern);
 }
 
 std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> Client::BatchReplicaLocations(
     absl::Span<const std::string> keys) {
-  v1::BatchGetReplicaListRequest request;
-  for (const std::string& key : keys) request.add_keys(key);
-  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-      impl_->master.BatchGetReplicaList(request);
-  if (located.ok() && located->results_size() != static_cast<int>(keys.size())) {
-    located = CountMismatch(located->results_size(), keys.size());
-  }
+  // Where the replicas are now (an operator's or a task's question): the master's answer,
+  // never a cached one, which a copy or move by another client leaves behind.
+  absl::StatusOr<std::vector<client::Location>> located =
+      impl_->master->BatchGetReplicaList(keys);
   std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> results;
   results.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -834,88 +711,48 @@ std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> Client::BatchReplicaLo
       results.push_back(located.status());
       continue;
     }
-    const v1::GetResult& result = located->results(static_cast<int>(i));
-    if (result.code() != v1::OK) {
-      results.push_back(FromErrorCode(result.code(), result.message()));
+    const client::Location& location = (*located)[i];
+    if (!location.status.ok()) {
+      results.push_back(location.status);
       continue;
     }
     std::vector<ReplicaLocation> replicas;
-    for (const v1::Placement& p : result.replicas()) {
-      replicas.push_back(ReplicaLocation{p.segment_name(), p.endpoint(), p.offset(), p.length()});
+    for (const client::Placement& p : location.replicas) {
+      replicas.push_back(ReplicaLocation{p.segment_name, p.endpoint, p.offset, p.length});
     }
     results.push_back(std::move(replicas));
   }
   return results;
 }
 
-absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
-  absl::StatusOr<v1::GetClusterStatusResponse> response =
-      impl_->master.GetClusterStatus(v1::GetClusterStatusRequest());
-  if (!response.ok()) return response.status();
-  ClusterStatus status;
-  status.capacity_bytes = response->capacity_bytes();
-  status.used_bytes = response->used_bytes();
-  status.objects = response->objects();
-  status.pending_objects = response->pending_objects();
-  status.leased_objects = response->leased_objects();
-  status.soft_pinned_objects = response->soft_pinned_objects();
-  status.hard_pinned_objects = response->hard_pinned_objects();
-  status.evicted_objects = response->evicted_objects();
-  status.evicted_bytes = response->evicted_bytes();
-  status.reclaimed_reservations = response->reclaimed_reservations();
-  status.get_hits = response->get_hits();
-  status.get_misses = response->get_misses();
-  status.put_deduplicated = response->put_deduplicated();
-  status.put_no_space = response->put_no_space();
-  status.role = response->role().empty() ? "single" : response->role();
-  status.term = response->term();
-  status.leader = response->leader();
-  status.masters.assign(response->masters().begin(), response->masters().end());
-  status.answered_by = response->self();
-  for (const v1::SegmentStatus& s : response->segments()) {
-    status.segments.push_back(SegmentStatus{
-        .name = s.name(),
-        .host = s.host(),
-        .endpoint = s.endpoint(),
-        .capacity_bytes = s.capacity_bytes(),
-        .used_bytes = s.used_bytes(),
-        .replicas = s.replicas(),
-        .state = s.state(),
-        .last_heartbeat_age = absl::Milliseconds(s.last_heartbeat_age_ms()),
-    });
-  }
-  return status;
-}
+absl::StatusOr<ClusterStatus> Client::GetClusterStatus() { return impl_->master->GetClusterStatus(); }
 
 std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const std::string> keys,
                                                               absl::Time* lease_expiry) {
   impl_->MapKnownLocalPools();
   const size_t n = keys.size();
-  v1::BatchGetReplicaListRequest request;
-  for (const std::string& key : keys) request.add_keys(key);
-  absl::Time asked = absl::Now();
-  absl::StatusOr<v1::BatchGetReplicaListResponse> located =
-      impl_->master.BatchGetReplicaList(request);
-  if (located.ok() && located->results_size() != static_cast<int>(n)) {
-    located = CountMismatch(located->results_size(), n);
-  }
+  // Always the master's answer, never a cached one: the caller reads the pool itself, so a
+  // cached location gone stale would not be caught by the client's checksum check.
+  impl_->master_lookups.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusOr<std::vector<client::Location>> located =
+      impl_->master->BatchGetReplicaList(keys);
   if (!located.ok()) return std::vector<absl::StatusOr<LocalValue>>(n, located.status());
   std::vector<absl::StatusOr<LocalValue>> results;
   results.reserve(n);
   absl::Time expiry = absl::InfiniteFuture();
-  for (const v1::GetResult& result : located->results()) {
-    if (result.code() != v1::OK) {
-      results.push_back(FromErrorCode(result.code(), result.message()));
+  for (const client::Location& location : *located) {
+    if (!location.status.ok()) {
+      results.push_back(location.status);
       continue;
     }
-    expiry = std::min(expiry, asked + absl::Milliseconds(result.lease_ttl_ms()));
+    expiry = std::min(expiry, location.lease_expiry);
     absl::StatusOr<LocalValue> value =
         absl::FailedPreconditionError("no replica on a segment this process can map");
-    for (const v1::Placement& replica : result.replicas()) {
+    for (const client::Placement& replica : location.replicas) {
       std::shared_ptr<const client::ShmTransport::Pool> pool =
-          impl_->transport->LocalPool(replica.endpoint(), replica.incarnation());
-      if (pool == nullptr || replica.offset() + replica.length() > pool->size) continue;
-      value = LocalValue{pool->base + replica.offset(), replica.length(), result.checksum()};
+          impl_->routing->LocalPool(replica.endpoint, replica.incarnation);
+      if (pool == nullptr || replica.offset + replica.length > pool->size) continue;
+      value = LocalValue{pool->base + replica.offset, replica.length, location.checksum};
       break;
     }
     results.push_back(std::move(value));
@@ -933,24 +770,16 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
     return std::vector<absl::StatusOr<LocalReservation>>(
         n, absl::InvalidArgumentError("keys and sizes differ in number"));
   }
-  v1::BatchPutStartRequest start;
-  start.set_replica_num(1);
-  start.set_pin(options.pin == PinMode::kHard   ? v1::PIN_HARD
-                : options.pin == PinMode::kSoft ? v1::PIN_SOFT
-                                                : v1::PIN_NONE);
-  start.set_preferred_host(impl_->local_host);
-  start.set_preferred_machine_id(impl_->machine_id);
-  for (size_t i = 0; i < n; ++i) {
-    start.add_keys(keys[i]);
-    start.add_sizes(sizes[i]);
-  }
-  absl::StatusOr<v1::BatchPutStartResponse> reserved = impl_->master.BatchPutStart(start);
-  if (reserved.ok() && reserved->results_size() != static_cast<int>(n)) {
-    reserved = CountMismatch(reserved->results_size(), n);
-  }
+  client::PutStartRequest start{.keys = std::vector<std::string>(keys.begin(), keys.end()),
+                                .sizes = std::vector<uint64_t>(sizes.begin(), sizes.end()),
+                                .replicas = 1,
+                                .pin = options.pin,
+                                .preferred_host = impl_->local_host,
+                                .preferred_machine_id = impl_->machine_id};
+  absl::StatusOr<std::vector<client::Reservation>> reserved = impl_->master->BatchPutStart(start);
   if (!reserved.ok()) return std::vector<absl::StatusOr<LocalReservation>>(n, reserved.status());
   std::vector<absl::StatusOr<LocalReservation>> results;
-  v1::BatchPutRevokeRequest revoke;
+  std::vector<client::PutEnd> revoke;
   // The write intents to ask for, by pool.
   struct PoolIntents {
     std::string endpoint;
@@ -960,35 +789,29 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
   };
   std::vector<PoolIntents> intents;
   for (size_t i = 0; i < n; ++i) {
-    const v1::PutStartResult& result = reserved->results(static_cast<int>(i));
-    if (result.code() != v1::OK) {
-      results.push_back(FromErrorCode(result.code(), result.message()));
+    const client::Reservation& reservation = (*reserved)[i];
+    if (!reservation.status.ok()) {
+      if (reservation.put_id != 0) revoke.push_back({.key = keys[i], .put_id = reservation.put_id});
+      results.push_back(reservation.status);
       continue;
     }
-    const v1::Placement& placement = result.placements(0);
+    const client::Placement& placement = reservation.placements[0];
     std::shared_ptr<const client::ShmTransport::Pool> pool =
-        impl_->transport->LocalPool(placement.endpoint(), placement.incarnation());
-    if (pool == nullptr || placement.offset() + placement.length() > pool->size) {
-      v1::PutEndItem* item = revoke.add_items();
-      item->set_key(keys[i]);
-      item->set_put_id(result.put_id());
+        impl_->routing->LocalPool(placement.endpoint, placement.incarnation);
+    if (pool == nullptr || placement.offset + placement.length > pool->size) {
+      revoke.push_back({.key = keys[i], .put_id = reservation.put_id});
       results.push_back(absl::FailedPreconditionError(
           "no segment this process can map had room; use BatchPut"));
       continue;
     }
-    uint64_t expiry_ms = 0;
-    std::memcpy(&expiry_ms, placement.token().data(),
-                std::min<size_t>(sizeof(expiry_ms), placement.token().size()));
-    results.push_back(LocalReservation{keys[i], pool->base + placement.offset(),
-                                       placement.length(), result.put_id(),
-                                       absl::FromUnixMillis(static_cast<int64_t>(expiry_ms)),
-                                       /*checksum=*/std::nullopt, placement.endpoint()});
-    wire::ShmIntent intent{placement.offset(), placement.length()};
-    std::memcpy(intent.token.data(), placement.token().data(),
-                std::min(intent.token.size(), placement.token().size()));
+    results.push_back(LocalReservation{keys[i], pool->base + placement.offset, placement.length,
+                                       reservation.put_id, reservation.deadline,
+                                       /*checksum=*/std::nullopt, placement.endpoint});
+    wire::ShmIntent intent{placement.offset, placement.length};
+    intent.token = placement.token;
     auto it = std::find_if(intents.begin(), intents.end(),
                            [&](const auto& entry) { return entry.pool == pool; });
-    if (it == intents.end()) it = intents.insert(intents.end(), {placement.endpoint(), pool});
+    if (it == intents.end()) it = intents.insert(intents.end(), {placement.endpoint, pool});
     it->index.push_back(results.size() - 1);
     it->intents.push_back(intent);
   }
@@ -996,20 +819,18 @@ std::vector<absl::StatusOr<LocalReservation>> Client::BatchReserveLocal(
   // write intent), as it would check a TCP write's token.
   for (const PoolIntents& pool : intents) {
     std::vector<absl::StatusOr<uint64_t>> begun =
-        impl_->transport->BeginLocalWrites(pool.endpoint, pool.pool, pool.intents);
+        impl_->routing->BeginLocalWrites(pool.endpoint, pool.pool, pool.intents);
     for (size_t k = 0; k < pool.index.size(); ++k) {
       absl::StatusOr<LocalReservation>& reservation = results[pool.index[k]];
       if (begun[k].ok()) {
         reservation->write_intent = *begun[k];
         continue;
       }
-      v1::PutEndItem* item = revoke.add_items();
-      item->set_key(reservation->key);
-      item->set_put_id(reservation->put_id);
+      revoke.push_back({.key = reservation->key, .put_id = reservation->put_id});
       reservation = begun[k].status();
     }
   }
-  if (revoke.items_size() > 0) (void)impl_->master.BatchPutRevoke(revoke);
+  if (!revoke.empty()) (void)impl_->master->BatchPutRevoke(revoke);
   return results;
 }
 
@@ -1020,7 +841,7 @@ void Client::EndLocalWrites(absl::Span<const LocalReservation> reservations) {
       done[reservation.endpoint].push_back(reservation.write_intent);
     }
   }
-  for (const auto& [endpoint, ids] : done) impl_->transport->EndLocalWrites(endpoint, ids);
+  for (const auto& [endpoint, ids] : done) impl_->routing->EndLocalWrites(endpoint, ids);
 }
 
 std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReservation> reservations) {
@@ -1034,112 +855,87 @@ std::vector<absl::Status> Client::BatchCommitLocal(absl::Span<const LocalReserva
     values.push_back({iovec{reservations[i].data, reservations[i].size}});
   }
   std::vector<uint64_t> sums = values.empty() ? std::vector<uint64_t>() : impl_->Checksums(values);
-  std::vector<uint64_t> checksums(reservations.size());
-  for (size_t i = 0; i < reservations.size(); ++i) {
-    if (reservations[i].checksum.has_value()) checksums[i] = *reservations[i].checksum;
+  std::vector<client::PutEnd> end;
+  end.reserve(reservations.size());
+  for (const LocalReservation& reservation : reservations) {
+    end.push_back({.key = reservation.key,
+                   .put_id = reservation.put_id,
+                   .checksum = reservation.checksum.value_or(0)});
   }
-  for (size_t k = 0; k < hashed.size(); ++k) checksums[hashed[k]] = sums[k];
-  v1::BatchPutEndRequest end;
-  for (size_t i = 0; i < reservations.size(); ++i) {
-    v1::PutEndItem* item = end.add_items();
-    item->set_key(reservations[i].key);
-    item->set_put_id(reservations[i].put_id);
-    item->set_checksum(checksums[i]);
-  }
-  absl::StatusOr<v1::BatchPutEndResponse> ended = impl_->master.BatchPutEnd(end);
-  if (ended.ok() && ended->results_size() != static_cast<int>(reservations.size())) {
-    ended = CountMismatch(ended->results_size(), reservations.size());
-  }
+  for (size_t k = 0; k < hashed.size(); ++k) end[hashed[k]].checksum = sums[k];
+  absl::StatusOr<std::vector<absl::Status>> ended = impl_->master->BatchPutEnd(end);
   if (!ended.ok()) return std::vector<absl::Status>(reservations.size(), ended.status());
-  std::vector<absl::Status> results;
   uint64_t bytes = 0;
   for (size_t i = 0; i < reservations.size(); ++i) {
-    const v1::KeyResult& result = ended->results(static_cast<int>(i));
-    results.push_back(FromErrorCode(result.code(), result.message()));
-    if (results.back().ok()) bytes += reservations[i].size;
+    if ((*ended)[i].ok()) bytes += reservations[i].size;
   }
   impl_->bytes_put.fetch_add(bytes, std::memory_order_relaxed);
-  return results;
+  return *std::move(ended);
 }
 
 void Client::BatchAbandonLocal(absl::Span<const LocalReservation> reservations) {
   EndLocalWrites(reservations);
-  v1::BatchPutRevokeRequest revoke;
+  std::vector<client::PutEnd> revoke;
   for (const LocalReservation& reservation : reservations) {
-    v1::PutEndItem* item = revoke.add_items();
-    item->set_key(reservation.key);
-    item->set_put_id(reservation.put_id);
+    revoke.push_back({.key = reservation.key, .put_id = reservation.put_id});
   }
-  (void)impl_->master.BatchPutRevoke(revoke);
+  (void)impl_->master->BatchPutRevoke(revoke);
 }
 
 std::vector<MappedPool> Client::MappedPools() {
   std::vector<MappedPool> pools;
-  for (const auto& [endpoint, pool] : impl_->transport->MappedPools()) {
+  for (const auto& [endpoint, pool] : impl_->routing->MappedPools()) {
     pools.push_back(MappedPool{endpoint, pool->base, pool->size});
   }
   return pools;
 }
 
-void Client::MapLocalPools() { impl_->MapLocalPools(); }
-
-void Client::Impl::MapLocalPools() {
-  absl::StatusOr<v1::GetClusterStatusResponse> status =
-      master.GetClusterStatus(v1::GetClusterStatusRequest());
-  if (!status.ok()) return;
-  for (const v1::SegmentStatus& segment : status->segments()) {
-    if (segment.machine_id() == machine_id && !segment.shm_socket().empty()) {
-      transport->LocalPool(segment.endpoint(), /*incarnation=*/0);
-    }
+void Client::MapLocalPools() {
+  // The list as the master has it now (a segment mounted since the last refresh included),
+  // then every pool of this machine's segments.
+  (void)impl_->directory.Refresh();
+  for (const std::string& endpoint : impl_->directory.LocalShmEndpoints()) {
+    impl_->routing->LocalPool(endpoint, /*incarnation=*/0);
   }
 }
 
 absl::Status Client::RegisterMemory(void* addr, size_t length) {
-  return impl_->transport->RegisterMemory(addr, length);
+  return impl_->routing->RegisterMemory(addr, length);
 }
 
 absl::StatusOr<DrainReport> Client::DrainSegment(absl::string_view name,
                                                  const DrainOptions& options) {
-  v1::DrainSegmentRequest request;
-  request.set_name(std::string(name));
-  request.set_migrate(options.migrate);
-  if (absl::Status draining = impl_->master.DrainSegment(request).status(); !draining.ok()) {
+  if (absl::Status draining = impl_->master->DrainSegment(name, options.migrate);
+      !draining.ok()) {
     return draining;
   }
   DrainReport report;
   if (!options.migrate) return report;
   std::string buffer;
   while (true) {
-    v1::MigrateStartRequest ask;
-    ask.set_segment(std::string(name));
-    ask.set_max_objects(static_cast<uint32_t>(options.batch_objects));
-    ask.set_max_bytes(options.batch_bytes);
-    absl::StatusOr<v1::MigrateStartResponse> batch = impl_->master.MigrateStart(ask);
+    absl::StatusOr<client::MigrationBatch> batch = impl_->master->MigrateStart(
+        name, static_cast<uint32_t>(options.batch_objects), options.batch_bytes);
     if (!batch.ok()) return batch.status();
-    report.unplaceable = batch->unplaceable();
-    if (batch->migrations().empty()) {
-      if (batch->in_flight() == 0) return report;
+    report.unplaceable = batch->unplaceable;
+    if (batch->migrations.empty()) {
+      if (batch->in_flight == 0) return report;
       // Objects still being written (or copied by another mover): ask again shortly.
       absl::SleepFor(absl::Milliseconds(100));
       continue;
     }
-    std::vector<bool> copied = impl_->CopyMigrations(batch->migrations(), buffer);
-    v1::MigrateEndRequest end;
-    for (int i = 0; i < batch->migrations_size(); ++i) {
-      v1::MigrateEndItem* item = end.add_items();
-      item->set_key(batch->migrations(i).key());
-      item->set_migration_id(batch->migrations(i).migration_id());
-      item->set_copied(copied[i]);
+    std::vector<bool> copied = impl_->CopyMigrations(batch->migrations, buffer);
+    std::vector<client::MigrationEnd> end;
+    for (size_t i = 0; i < batch->migrations.size(); ++i) {
+      end.push_back({.key = batch->migrations[i].key,
+                     .migration_id = batch->migrations[i].migration_id,
+                     .copied = copied[i]});
     }
-    absl::StatusOr<v1::MigrateEndResponse> ended = impl_->master.MigrateEnd(end);
+    absl::StatusOr<std::vector<absl::Status>> ended = impl_->master->MigrateEnd(end);
     if (!ended.ok()) return ended.status();
-    if (ended->results_size() != end.items_size()) {
-      return CountMismatch(ended->results_size(), end.items_size());
-    }
-    for (int i = 0; i < end.items_size(); ++i) {
-      if (copied[i] && ended->results(i).code() == v1::OK) {
+    for (size_t i = 0; i < end.size(); ++i) {
+      if (copied[i] && (*ended)[i].ok()) {
         ++report.moved_objects;
-        report.moved_bytes += batch->migrations(i).size();
+        report.moved_bytes += batch->migrations[i].size;
       } else {
         ++report.failed_copies;
       }
@@ -1148,77 +944,62 @@ absl::StatusOr<DrainReport> Client::DrainSegment(absl::string_view name,
   }
 }
 
-v1::ReplicaCopyStartRequest Client::Impl::CopyRequest(absl::string_view key,
-                                                     absl::Span<const std::string> targets,
-                                                     absl::string_view move_from) {
-  v1::ReplicaCopyStartRequest request;
-  request.set_key(std::string(key));
-  for (const std::string& target : targets) request.add_targets(target);
-  request.set_source(std::string(move_from));
-  request.set_move(!move_from.empty());
-  return request;
-}
-
 absl::Status Client::CheckCopyReplica(absl::string_view key, absl::Span<const std::string> targets,
                                       absl::string_view move_from) {
-  v1::ReplicaCopyStartRequest request = Impl::CopyRequest(key, targets, move_from);
-  request.set_dry_run(true);
-  absl::StatusOr<v1::ReplicaCopyStartResponse> answer = impl_->master.ReplicaCopyStart(request);
+  absl::StatusOr<client::CopyStart> answer =
+      impl_->master->ReplicaCopyStart(key, targets, move_from, /*dry_run=*/true);
   if (!answer.ok()) return answer.status();
-  return FromErrorCode(answer->code(), answer->message());
+  return answer->status;
 }
 
 absl::Status Client::CopyReplica(absl::string_view key, absl::Span<const std::string> targets,
                                  absl::string_view move_from) {
-  const v1::ReplicaCopyStartRequest request = Impl::CopyRequest(key, targets, move_from);
   // Another copy of the object in flight (another task, a drain) is waited for this long.
   const absl::Time give_up = absl::Now() + impl_->options.transfer_timeout;
   std::string buffer;
   absl::Status done = absl::OkStatus();
   while (true) {
-    absl::StatusOr<v1::ReplicaCopyStartResponse> answer = impl_->master.ReplicaCopyStart(request);
+    absl::StatusOr<client::CopyStart> answer =
+        impl_->master->ReplicaCopyStart(key, targets, move_from, /*dry_run=*/false);
     if (!answer.ok()) {
       done = answer.status();
       break;
     }
-    if (answer->code() == v1::OBJECT_ALREADY_EXISTS) {
+    const int32_t code = ToErrorCode(answer->status);
+    if (code == ErrorCode::OBJECT_ALREADY_EXISTS) {
       // Every target holds a replica. A move whose target had one already only drops the
       // source's (forced: a reader's lease keeps the range from reuse until it ends).
       if (!move_from.empty()) done = BatchDropReplicas({std::string(key)}, move_from, true)[0];
       break;
     }
-    if (answer->code() == v1::OBJECT_HAS_LEASE && absl::Now() < give_up) {
+    if (code == ErrorCode::OBJECT_HAS_LEASE && absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(20));
       continue;
     }
-    if (answer->code() != v1::OK) {
-      done = FromErrorCode(answer->code(), answer->message());
+    if (!answer->status.ok()) {
+      done = answer->status;
       break;
     }
-    const v1::Migration& migration = answer->migration();
-    google::protobuf::RepeatedPtrField<v1::Migration> one;
-    *one.Add() = migration;
-    const bool copied = impl_->CopyMigrations(one, buffer)[0];
-    v1::MigrateEndRequest end;
-    v1::MigrateEndItem* item = end.add_items();
-    item->set_key(std::string(key));
-    item->set_migration_id(migration.migration_id());
-    item->set_copied(copied);
-    absl::StatusOr<v1::MigrateEndResponse> ended = impl_->master.ReplicaCopyEnd(end);
-    if (ended.ok() && ended->results_size() != 1) ended = CountMismatch(ended->results_size(), 1);
+    const client::Migration& migration = answer->migration;
+    const bool copied = impl_->CopyMigrations(absl::MakeConstSpan(&migration, 1), buffer)[0];
+    client::MigrationEnd end{.key = std::string(key),
+                             .migration_id = migration.migration_id,
+                             .copied = copied};
+    absl::StatusOr<std::vector<absl::Status>> ended =
+        impl_->master->ReplicaCopyEnd(absl::MakeConstSpan(&end, 1));
     if (!ended.ok()) {
       done = ended.status();
       break;
     }
     if (!copied) {
-      done = ErrorStatus(v1::TRANSFER_FAIL,
+      done = ErrorStatus(ErrorCode::TRANSFER_FAIL,
                          absl::StrCat("the copy could not be read from segment ",
-                                      migration.source().segment_name(), " (or did not match "
+                                      migration.source.segment_name, " (or did not match "
                                       "its checksum) or written to segment ",
-                                      migration.destination().segment_name()));
+                                      migration.destination.segment_name));
       break;
     }
-    done = FromErrorCode(ended->results(0).code(), ended->results(0).message());
+    done = (*ended)[0];
     if (!done.ok() || !move_from.empty()) break;
   }
   // This client's own cached location of the key may name a replica that is gone.
@@ -1226,45 +1007,42 @@ absl::Status Client::CopyReplica(absl::string_view key, absl::Span<const std::st
   return done;
 }
 
-std::vector<bool> Client::Impl::CopyMigrations(
-    const google::protobuf::RepeatedPtrField<v1::Migration>& batch, std::string& buffer) {
-  const int n = batch.size();
+std::vector<bool> Client::Impl::CopyMigrations(absl::Span<const client::Migration> batch,
+                                               std::string& buffer) {
+  const size_t n = batch.size();
   std::vector<bool> copied(n, false);
   uint64_t total = 0;
-  for (const v1::Migration& migration : batch) total += migration.size();
+  for (const client::Migration& migration : batch) total += migration.size;
   if (buffer.size() < total) buffer.resize(total);
   // One op per copy, for the read (from the source) or the write (to the destination).
   auto ops_for = [&](wire::Opcode opcode, const std::vector<bool>& wanted,
-                     std::vector<int>& owners) {
+                     std::vector<size_t>& owners) {
     std::vector<TransferOp> ops;
     uint64_t offset = 0;
-    for (int i = 0; i < n; ++i) {
-      const v1::Migration& migration = batch[i];
-      const v1::Placement& placement =
-          opcode == wire::Opcode::kRead ? migration.source() : migration.destination();
+    for (size_t i = 0; i < n; ++i) {
+      const client::Migration& migration = batch[i];
       char* bytes = buffer.data() + offset;
-      offset += migration.size();
+      offset += migration.size;
       if (!wanted[i]) continue;
-      absl::StatusOr<TransferOp> op =
-          MakeOp(opcode, placement, migration.size(), {iovec{bytes, migration.size()}});
-      if (!op.ok()) continue;
-      ops.push_back(*std::move(op));
+      ops.push_back(OpFor(opcode,
+                          opcode == wire::Opcode::kRead ? migration.source : migration.destination,
+                          {iovec{bytes, migration.size}}));
       owners.push_back(i);
     }
     return ops;
   };
-  std::vector<int> readers;
+  std::vector<size_t> readers;
   std::vector<TransferOp> reads = ops_for(wire::Opcode::kRead, std::vector<bool>(n, true), readers);
   transport->Execute(absl::MakeSpan(reads), TransferDeadline());
   std::vector<bool> intact(n, false);
   for (size_t r = 0; r < reads.size(); ++r) {
-    const v1::Migration& migration = batch[readers[r]];
+    const client::Migration& migration = batch[readers[r]];
     // A copy that does not match the checksum the writer gave would spread corruption.
     intact[readers[r]] = reads[r].status.ok() &&
-                         (migration.checksum() == 0 ||
-                          wire::Checksum(reads[r].iov) == migration.checksum());
+                         (migration.checksum == 0 ||
+                          wire::Checksum(reads[r].iov) == migration.checksum);
   }
-  std::vector<int> writers;
+  std::vector<size_t> writers;
   std::vector<TransferOp> writes = ops_for(wire::Opcode::kWrite, intact, writers);
   transport->Execute(absl::MakeSpan(writes), TransferDeadline());
   for (size_t w = 0; w < writes.size(); ++w) copied[writers[w]] = writes[w].status.ok();

@@ -19,7 +19,7 @@ constexpr uint64_t kPage = 4096;
 absl::Status RdmaError(const std::string& endpoint, const absl::Status& cause) {
   return WithErrorCode(absl::Status(cause.code(), absl::StrCat("RDMA with segment ", endpoint,
                                                                ": ", cause.message())),
-                       v1::TRANSFER_FAIL);
+                       ErrorCode::TRANSFER_FAIL);
 }
 
 }  // namespace
@@ -102,7 +102,7 @@ absl::StatusOr<RdmaTransport::Connection*> RdmaTransport::ConnectionFor(const Tr
   absl::StatusOr<wire::ResponseHeader> answer =
       sent.ok() ? wire::DecodeResponse(response) : absl::StatusOr<wire::ResponseHeader>(sent);
   if (answer.ok() && (answer->status != 0 || answer->length != wire::kRdmaPayloadSize)) {
-    answer = FromErrorCode(answer->status != 0 ? answer->status : v1::INTERNAL_ERROR,
+    answer = FromErrorCode(answer->status != 0 ? answer->status : ErrorCode::INTERNAL_ERROR,
                            "the segment does not serve RDMA");
   }
   iovec payload_iov{payload, sizeof(payload)};

@@ -1,7 +1,6 @@
 #include "client/routing_transport.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "common/log.h"
 
@@ -61,7 +60,7 @@ void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) 
     tcp_.Execute(ops, deadline);
     return;
   }
-  // TCP ops run on their own thread while this one copies through shared memory and posts
+  // TCP ops run on a thread of mixed_ while this one copies through shared memory and posts
   // RDMA requests; what RDMA could not do goes over TCP afterwards.
   auto run_tcp = [this, &ops, deadline](const std::vector<size_t>& index) {
     std::vector<TransferOp> batch;
@@ -71,24 +70,28 @@ void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) 
     for (size_t k = 0; k < index.size(); ++k) ops[index[k]] = std::move(batch[k]);
     tcp_ops_.fetch_add(index.size(), std::memory_order_relaxed);
   };
-  std::thread tcp_thread;
-  if (!tcp_index.empty()) tcp_thread = std::thread([&] { run_tcp(tcp_index); });
   std::vector<size_t> fallback;
-  for (TransferOp* op : CopyShared(shm_ops)) {
-    fallback.push_back(static_cast<size_t>(op - ops.data()));
-  }
-  shm_ops_.fetch_add(shm_ops.size() - fallback.size(), std::memory_order_relaxed);
-  if (!rdma_ops.empty()) {
-    rdma_.Execute(rdma_ops, deadline);
-    for (TransferOp* op : rdma_ops) {
-      if (op->status.ok()) {
-        rdma_ops_.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        fallback.push_back(static_cast<size_t>(op - ops.data()));
+  auto run_local = [&] {
+    for (TransferOp* op : CopyShared(shm_ops)) {
+      fallback.push_back(static_cast<size_t>(op - ops.data()));
+    }
+    shm_ops_.fetch_add(shm_ops.size() - fallback.size(), std::memory_order_relaxed);
+    if (!rdma_ops.empty()) {
+      rdma_.Execute(rdma_ops, deadline);
+      for (TransferOp* op : rdma_ops) {
+        if (op->status.ok()) {
+          rdma_ops_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          fallback.push_back(static_cast<size_t>(op - ops.data()));
+        }
       }
     }
+  };
+  if (tcp_index.empty()) {
+    run_local();
+  } else {
+    mixed_.Run({run_local, [&] { run_tcp(tcp_index); }});
   }
-  if (tcp_thread.joinable()) tcp_thread.join();
   if (!fallback.empty()) run_tcp(fallback);
 }
 

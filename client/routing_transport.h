@@ -17,6 +17,7 @@
 #include "client/shm_transport.h"
 #include "client/tcp_transport.h"
 #include "client/transport.h"
+#include "common/task_pool.h"
 #include "kvpool/client.h"
 
 namespace kvpool::client {
@@ -77,6 +78,9 @@ class RoutingTransport final : public Transport {
   TcpTransport tcp_;
   ShmTransport shm_;
   RdmaTransport rdma_;
+  // Runs a batch's TCP ops while the calling thread copies through shared memory or posts
+  // RDMA requests (batches that mix them only; threads kept, not spawned per batch).
+  TaskPool mixed_{2};
   absl::Mutex mu_;
   // Endpoints where attaching failed, and when to try again.
   absl::flat_hash_map<std::string, absl::Time> retry_after_ ABSL_GUARDED_BY(mu_);

@@ -108,8 +108,8 @@ absl::StatusOr<std::vector<absl::StatusOr<uint64_t>>> ShmTransport::BeginWrites(
         results.push_back(reply.intent);
       } else {
         results.push_back(FromErrorCode(
-            reply.status != 0 ? reply.status : v1::INTERNAL_ERROR,
-            reply.status == v1::TRANSFER_FAIL
+            reply.status != 0 ? reply.status : ErrorCode::INTERNAL_ERROR,
+            reply.status == ErrorCode::TRANSFER_FAIL
                 ? "the range is busy with a late shared-memory write of an ended grant"
                 : "the segment refused the shared-memory write (its grant ended, expired or "
                   "is of another term)"));
@@ -196,7 +196,7 @@ absl::StatusOr<std::shared_ptr<const ShmTransport::Pool>> ShmTransport::Attach(
   if (answer->status != 0 || pool_fd < 0) {
     close(fd);
     if (pool_fd >= 0) close(pool_fd);
-    return FromErrorCode(answer->status != 0 ? answer->status : v1::INTERNAL_ERROR,
+    return FromErrorCode(answer->status != 0 ? answer->status : ErrorCode::INTERNAL_ERROR,
                          absl::StrCat("segment ", endpoint, ": ", answer->reason));
   }
   int flags = MAP_SHARED | (answer->pool_size <= kPopulateLimit ? MAP_POPULATE : 0);
@@ -226,13 +226,13 @@ void ShmTransport::Copy(const Pool& pool, TransferOp& op, absl::Time now) {
   uint64_t expiry_ms;
   std::memcpy(&expiry_ms, op.token.data(), sizeof(expiry_ms));
   if (static_cast<int64_t>(expiry_ms) < absl::ToUnixMillis(now)) {
-    op.status = ErrorStatus(v1::LEASE_EXPIRED,
+    op.status = ErrorStatus(ErrorCode::LEASE_EXPIRED,
                             op.opcode == wire::Opcode::kWrite ? "write grant expired"
                                                               : "read grant expired (lease ran out)");
     return;
   }
   if (op.offset > pool.size || op.length > pool.size - op.offset) {
-    op.status = ErrorStatus(op.opcode == wire::Opcode::kWrite ? v1::INVALID_WRITE : v1::INVALID_READ,
+    op.status = ErrorStatus(op.opcode == wire::Opcode::kWrite ? ErrorCode::INVALID_WRITE : ErrorCode::INVALID_READ,
                             "range outside the mapped pool");
     return;
   }

@@ -17,7 +17,7 @@ namespace {
 absl::Status TransferError(const std::string& endpoint, const absl::Status& cause) {
   return WithErrorCode(
       absl::Status(cause.code(), absl::StrCat("segment ", endpoint, ": ", cause.message())),
-      v1::TRANSFER_FAIL);
+      ErrorCode::TRANSFER_FAIL);
 }
 
 // Buffers per gathered send of pipelined requests (SendAll splits at IOV_MAX itself).

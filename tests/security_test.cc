@@ -199,6 +199,12 @@ const std::map<std::string, RpcCall>& AllRpcs() {
          v1::GetClusterStatusResponse response;
          return stub.GetClusterStatus(context, request, &response);
        }},
+      {"ListSegments",
+       [](auto& stub, auto* context, const std::string&) {
+         v1::ListSegmentsRequest request;
+         v1::ListSegmentsResponse response;
+         return stub.ListSegments(context, request, &response);
+       }},
   };
   return *calls;
 }
@@ -290,7 +296,7 @@ TEST_F(AuthTest, EveryRoleAgainstEveryRpc) {
       {"BatchRemove", "A-A-"},    {"BatchDropReplicas", "A-A-"},   {"RemoveAll", "--A-"},
       {"DrainSegment", "--A-"},
       {"MigrateStart", "--A-"},   {"MigrateEnd", "--A-"},      {"GetClusterStatus", "AAAA"},
-      {"ReplicaCopyStart", "A-A-"}, {"ReplicaCopyEnd", "A-A-"},
+      {"ReplicaCopyStart", "A-A-"}, {"ReplicaCopyEnd", "A-A-"}, {"ListSegments", "AAAA"},
   };
   const google::protobuf::ServiceDescriptor* service =
       v1::MountSegmentRequest::descriptor()->file()->FindServiceByName("MasterService");

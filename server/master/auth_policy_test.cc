@@ -30,7 +30,7 @@ const std::map<std::string, std::string>& ExpectedTable() {
       {"ReplicaCopyStart", "A-A-"},    {"ReplicaCopyEnd", "A-A-"},
       {"RemoveAll", "--A-"},           {"DrainSegment", "--A-"},
       {"MigrateStart", "--A-"},        {"MigrateEnd", "--A-"},
-      {"GetClusterStatus", "AAAA"},
+      {"GetClusterStatus", "AAAA"},    {"ListSegments", "AAAA"},
   };
   return *table;
 }

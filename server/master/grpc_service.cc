@@ -44,6 +44,23 @@ void ToProto(const PlacementView& placement, v1::Placement* out) {
   out->set_incarnation(placement.incarnation);
 }
 
+void ToProto(const SegmentSummary& segment, v1::SegmentStatus* out) {
+  out->set_name(segment.name);
+  out->set_host(segment.host);
+  out->set_endpoint(segment.endpoint);
+  out->set_shm_socket(segment.shm_socket);
+  out->set_machine_id(segment.machine_id);
+  out->set_capacity_bytes(segment.capacity_bytes);
+  out->set_used_bytes(segment.used_bytes);
+  out->set_replicas(segment.replicas);
+  out->set_state(segment.draining ? "draining"
+                 : segment.restoring ? "restoring"
+                 : segment.embedded  ? "active (embedded)"
+                                     : "active");
+  out->set_last_heartbeat_age_ms(
+      static_cast<uint64_t>(absl::ToInt64Milliseconds(segment.heartbeat_age)));
+}
+
 PinMode FromProto(v1::PinMode pin) {
   switch (pin) {
     case v1::PIN_SOFT:
@@ -272,6 +289,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchPutStart(
     out->set_code(ToErrorCode(result.status));
     if (!result.status.ok()) out->set_message(std::string(result.status.message()));
     out->set_put_id(result.put_id);
+    if (result.status.ok()) out->set_deadline_unix_ms(absl::ToUnixMillis(result.deadline));
     for (const PlacementView& placement : result.placements) {
       ToProto(placement, out->add_placements());
     }
@@ -650,21 +668,20 @@ grpc::ServerUnaryReactor* MasterGrpcService::GetClusterStatus(
     response->set_role("single");
   }
   for (const SegmentSummary& segment : summary.segments) {
-    v1::SegmentStatus* out = response->add_segments();
-    out->set_name(segment.name);
-    out->set_host(segment.host);
-    out->set_endpoint(segment.endpoint);
-    out->set_shm_socket(segment.shm_socket);
-    out->set_machine_id(segment.machine_id);
-    out->set_capacity_bytes(segment.capacity_bytes);
-    out->set_used_bytes(segment.used_bytes);
-    out->set_replicas(segment.replicas);
-    out->set_state(segment.draining ? "draining"
-                   : segment.restoring ? "restoring"
-                   : segment.embedded  ? "active (embedded)"
-                                       : "active");
-    out->set_last_heartbeat_age_ms(
-        static_cast<uint64_t>(absl::ToInt64Milliseconds(segment.heartbeat_age)));
+    ToProto(segment, response->add_segments());
+  }
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* MasterGrpcService::ListSegments(
+    grpc::CallbackServerContext* context, const v1::ListSegmentsRequest* request,
+    v1::ListSegmentsResponse* response) {
+  Call call(metrics_, Rpc::kListSegments, context);
+  absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kListSegments, {});
+  if (!caller.ok()) return call.Finish(caller.status());
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
+  for (const SegmentSummary& segment : master_.GetClusterSummary().segments) {
+    ToProto(segment, response->add_segments());
   }
   return call.Finish(absl::OkStatus());
 }

@@ -68,6 +68,9 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const v1::GetClusterStatusRequest* request,
                                              v1::GetClusterStatusResponse* response) override;
+  grpc::ServerUnaryReactor* ListSegments(grpc::CallbackServerContext* context,
+                                         const v1::ListSegmentsRequest* request,
+                                         v1::ListSegmentsResponse* response) override;
   grpc::ServerUnaryReactor* BatchDropReplicas(grpc::CallbackServerContext* context,
                                               const v1::BatchDropReplicasRequest* request,
                                               v1::BatchDropReplicasResponse* response) override;
@@ -87,7 +90,8 @@ class MasterGrpcService final : public v1::MasterService::CallbackService {
                                               std::function<absl::Status()> not_durable = nullptr,
                                               std::function<void()> durable_too = nullptr);
 
-  // A standby answers nothing but GetClusterStatus: returns the call finished with the
+  // A standby answers nothing but GetClusterStatus (not even ListSegments, whose list a
+  // standby may not have): returns the call finished with the
   // refusal (naming the leader), or null when this master leads.
   grpc::ServerUnaryReactor* RefuseUnlessLeader(const Call& call,
                                                grpc::CallbackServerContext* context) const;

@@ -472,6 +472,7 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       continue;
     }
     result.put_id = request.put_id;
+    result.deadline = request.put_deadline;
     for (const Replica& replica : reserved->replicas) {
       result.placements.push_back(
           MakePlacement(replica, sizes[i], wire::Opcode::kWrite, request.put_deadline));

@@ -90,6 +90,8 @@ struct PutStartResult {
   // OK, AlreadyExists (dedup), ResourceExhausted (pressure), InvalidArgument (bad key/size).
   absl::Status status;
   uint64_t put_id = 0;
+  // Commit before this: the reservation's end, which its write tokens carry too.
+  absl::Time deadline = absl::InfinitePast();
   std::vector<PlacementView> placements;
 };
 

@@ -10,7 +10,8 @@ const char* RpcName(Rpc rpc) {
       "MountSegment", "RestoreManifest",     "UnmountSegment", "Heartbeat",   "BatchPutStart",
       "BatchPutEnd",  "BatchPutRevoke",      "BatchGetReplicaList", "BatchExist", "BatchRemove",
       "RemoveAll",    "DrainSegment",        "MigrateStart",   "MigrateEnd",  "GetClusterStatus",
-      "BatchDropReplicas", "ReplicaCopyStart", "ReplicaCopyEnd"};
+      "BatchDropReplicas", "ReplicaCopyStart", "ReplicaCopyEnd",
+      "ListSegments"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Rpc::kCount));
   return kNames[static_cast<size_t>(rpc)];
 }

@@ -44,6 +44,7 @@ enum class Rpc {
   kBatchDropReplicas,
   kReplicaCopyStart,
   kReplicaCopyEnd,
+  kListSegments,
   kCount,
 };
 

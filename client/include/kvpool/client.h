@@ -43,6 +43,8 @@
 
 namespace kvpool {
 
+class ClientBuilder;
+
 // Caller-owned memory; it must stay valid until the call that uses it returns.
 struct ConstBuffer {
   const void* data = nullptr;
@@ -367,6 +369,7 @@ class Client {
 
  private:
   friend class ClientMetrics;
+  friend class ClientBuilder;
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   // Tells the segments that these reservations' writes are done (their write intents).

@@ -7,7 +7,6 @@
 #include "client/master_client.h"
 #include "client/tools/bench/io.h"
 #include "common/size.h"
-#include "kvpool/v1/master.pb.h"
 
 namespace kvpool::bench {
 namespace {
@@ -105,45 +104,46 @@ class ReserveWorker : public Worker {
   ReserveWorker(std::shared_ptr<client::MasterClient> master, const Workload& workload,
                 std::string prefix)
       : master_(std::move(master)), prefix_(std::move(prefix)) {
-    for (int k = 0; k < workload.batch_size; ++k) start_.add_sizes(workload.value_size);
-    start_.set_replica_num(1);
+    start_.sizes.assign(workload.batch_size, workload.value_size);
+    start_.replicas = 1;
   }
 
   OpResult RunOnce() override {
-    start_.clear_keys();
-    for (int k = 0; k < start_.sizes_size(); ++k) start_.add_keys(absl::StrCat(prefix_, next_++));
+    start_.keys.clear();
+    for (size_t k = 0; k < start_.sizes.size(); ++k) {
+      start_.keys.push_back(absl::StrCat(prefix_, next_++));
+    }
     OpResult result;
-    absl::StatusOr<v1::BatchPutStartResponse> reserved = master_->BatchPutStart(start_);
+    absl::StatusOr<std::vector<client::Reservation>> reserved = master_->BatchPutStart(start_);
     if (!reserved.ok()) {
       Tally(reserved.status(), 0, result);
-      result.errors = start_.keys_size();
+      result.errors = start_.keys.size();
       return result;
     }
-    v1::BatchPutRevokeRequest revoke;
-    for (int k = 0; k < reserved->results_size(); ++k) {
-      const v1::PutStartResult& one = reserved->results(k);
-      if (one.code() != v1::OK) {
+    std::vector<client::PutEnd> revoke;
+    size_t reserved_ok = 0;
+    for (size_t k = 0; k < reserved->size(); ++k) {
+      const client::Reservation& one = (*reserved)[k];
+      if (one.put_id != 0) revoke.push_back({.key = start_.keys[k], .put_id = one.put_id});
+      if (one.status.ok()) {
+        ++reserved_ok;
+      } else {
         ++result.errors;
         if (result.error.empty()) {
-          result.error = absl::StrCat(ErrorCodeName(one.code()), ": ", one.message());
+          result.error = absl::StrCat(ErrorCodeName(ToErrorCode(one.status)), ": ",
+                                      one.status.message());
         }
-        continue;
       }
-      v1::PutEndItem* item = revoke.add_items();
-      item->set_key(start_.keys(k));
-      item->set_put_id(one.put_id());
     }
-    absl::StatusOr<v1::BatchPutRevokeResponse> revoked = master_->BatchPutRevoke(revoke);
-    for (int k = 0; k < revoke.items_size(); ++k) {
-      Tally(revoked.ok() ? absl::OkStatus() : revoked.status(), 0, result);
-    }
+    absl::Status revoked = master_->BatchPutRevoke(revoke);
+    for (size_t k = 0; k < reserved_ok; ++k) Tally(revoked, 0, result);
     return result;
   }
 
  private:
   const std::shared_ptr<client::MasterClient> master_;
   const std::string prefix_;
-  v1::BatchPutStartRequest start_;
+  client::PutStartRequest start_;
   uint64_t next_ = 0;
 };
 
@@ -308,8 +308,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
           absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
               MasterLocator::Create(options_.master, kDefaultEtcdPrefix, tls);
           if (!locator.ok()) return locator.status();
-          master = std::make_shared<client::MasterClient>(std::move(*locator), absl::Seconds(10),
-                                                          tls, creds.auth_token);
+          master = client::MakeGrpcMasterClient(std::move(*locator), absl::Seconds(10), tls,
+                                                creds.auth_token);
           if (options_.shared_client) shared_master = master;
         }
         workers.push_back(std::make_unique<ReserveWorker>(
