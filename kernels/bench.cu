@@ -485,6 +485,27 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
   rows8.rows8 = true;
   rows.push_back({"variant", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, rows8,
                   "8 query heads per warp"});
+  // 1-warp blocks with 3-stage rings (more blocks, hence warps, per SM) on the rows of few kv
+  // heads.
+  GqaDecodeOptions shallow;
+  shallow.warps = 1;
+  shallow.stages = 3;
+  const char* s3 = "1 warp, 3 stages";
+  for (const GqaRow& r : std::vector<GqaRow>{
+           {"variant", 8, 1, 128, 16, 128, 512, 8192},
+           {"variant", 7, 1, 128, 16, 128, 512, 8192},
+           {"variant", 16, 1, 128, 16, 128, 512, 8192},
+           {"variant", 48, 3, 128, 16, 64, 512, 8192},
+           {"variant", 16, 2, 128, 16, 64, 512, 8192},
+           {"variant", 28, 4, 128, 16, 64, 512, 8192},
+           {"variant", 32, 4, 128, 16, 64, 512, 8192},
+           {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+       }) {
+    GqaRow v = r;
+    v.options = shallow;
+    v.note = s3;
+    rows.push_back(v);
+  }
   if (opt.quick) rows.resize(6);
   return rows;
 }
@@ -653,8 +674,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       "lengths from SeededLengths(seed 1))\n\n",
       bs);
   std::printf(
-      "| rows | heads | kv | lengths | median us | TB/s | vs read ceiling | blind plan us | plan "
-      "|\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+      "| rows | heads | kv | lengths | median us | TB/s | vs read ceiling | TFLOP/s | blind plan "
+      "us | plan |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
   for (const MlaRow& row : rows) {
     if (!opt.only.empty()) {
       char want[64];
@@ -724,10 +745,13 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
                          2.0 * row.batch * row.heads * (kMlaKDim + kMlaVDim) +
                          4.0 * row.batch * row.heads;
     const double tbs = bytes / (ms * 1e-3) / 1e12;
+    // The MMAs' useful work: scores over the 576-wide key, outputs over the 512 value dims.
+    const double flops = 2.0 * tokens * row.heads * (kMlaKDim + kMlaVDim);
+    const double tflops = flops / (ms * 1e-3) / 1e12;
     const std::string lens_note = LensNote(row.batch, row.lo, row.hi);
-    std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.1f | %s |\n", row.group,
+    std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.0f | %.1f | %s |\n", row.group,
                 *row.note ? ", " : "", row.note, row.heads, KvName(row.kv_type), lens_note.c_str(),
-                ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
+                ms * 1e3, tbs, tbs / ceil.read_tbs, tflops, blind_ms * 1e3,
                 DescribePlan(plan.split).c_str());
     std::fflush(stdout);
     if (csv != nullptr && row.kv_type == DType::kBF16 && *row.note == 0) {
