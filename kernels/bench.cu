@@ -506,6 +506,20 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.note = s3;
     rows.push_back(v);
   }
+  // The merge kernel launched plainly after the attention kernel (the previous launch).
+  GqaDecodeOptions plain;
+  plain.plain_merge = true;
+  for (const GqaRow& r : std::vector<GqaRow>{
+           {"variant", 8, 1, 128, 16, 128, 512, 8192},
+           {"variant", 32, 8, 128, 16, 1, 131072, 131072},
+           {"variant", 32, 8, 128, 16, 64, 128, 16384},
+           {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+       }) {
+    GqaRow v = r;
+    v.options = plain;
+    v.note = "merge launched plainly";
+    rows.push_back(v);
+  }
   if (opt.quick) rows.resize(6);
   return rows;
 }
@@ -640,9 +654,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const DType e4 = DType::kFP8E4M3;
-  MlaDecodeOptions by16, rows_copy;
+  MlaDecodeOptions by16, rows_copy, plain;
   by16.heads_per_block = 16;
   rows_copy.row_copies = true;
+  plain.plain_merge = true;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -659,6 +674,9 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"full context", 32, 128, 8192, 8192, e4},
       {"variant", 32, 128, 8192, 8192, DType::kBF16, by16, "16 heads per block"},
       {"variant", 32, 128, 8192, 8192, DType::kBF16, rows_copy, "one bulk copy per row"},
+      {"variant", 16, 1, 65536, 65536, DType::kBF16, plain, "merge launched plainly"},
+      {"variant", 128, 16, 8192, 8192, DType::kBF16, plain, "merge launched plainly"},
+      {"variant", 32, 32, 1024, 16384, DType::kBF16, plain, "merge launched plainly"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

@@ -195,10 +195,10 @@ __global__ void __launch_bounds__(128)
 
 // Merges a plan's split sequences (max_splits: the most splits of any of them), launched as a
 // programmatic dependent of the attention kernel just before it on `stream` (see
-// LaunchDependents).
+// LaunchDependents), or plainly after it (`dependent` false: the benchmark's comparison).
 template <bool kOutBf16, int kDim>
 cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max_splits, int heads,
-                                void* o, float* lse, cudaStream_t stream) {
+                                void* o, float* lse, bool dependent, cudaStream_t stream) {
   if (num_merges == 0) return cudaSuccess;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -206,7 +206,7 @@ cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max
   cudaLaunchConfig_t cfg = {};
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = dependent ? 1 : 0;
   // Where a stream or driver refuses the attribute, the merge is launched plainly (stream order).
   auto launch = [&](auto kernel, auto... args) {
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);

@@ -513,7 +513,7 @@ struct GqaLauncher {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
-        p.o, p.lse, stream);
+        p.o, p.lse, !plan.plain_merge, stream);
   }
 };
 
@@ -744,6 +744,7 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
   plan->warps = basis.warps;
   plan->rows16 = basis.rows16;
   plan->stages = basis.stages;
+  plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
       e != cudaSuccess) {

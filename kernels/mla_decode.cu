@@ -669,7 +669,7 @@ struct MlaLauncher {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kMlaVDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_heads, p.o,
-        p.lse, stream);
+        p.lse, !plan.plain_merge, stream);
   }
 };
 
@@ -868,6 +868,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   plan->max_seq_len = in.max_seq_len;
   plan->heads_per_block = basis.heads_per_block;
   plan->tma = basis.tma;
+  plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
       e != cudaSuccess) {
