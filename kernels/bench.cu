@@ -490,7 +490,7 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
   GqaDecodeOptions shallow;
   shallow.warps = 1;
   shallow.stages = 3;
-  const char* s3 = "1 warp, 3 stages";
+  const char* s3 = "1 warp x 3 stages";  // (no commas: the CSV)
   for (const GqaRow& r : std::vector<GqaRow>{
            {"variant", 8, 1, 128, 16, 128, 512, 8192},
            {"variant", 7, 1, 128, 16, 128, 512, 8192},
@@ -518,6 +518,19 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     GqaRow v = r;
     v.options = plain;
     v.note = "merge launched plainly";
+    rows.push_back(v);
+  }
+  // Forced chunks on the 1-kv-head row: more, shorter items taken from the counter.
+  for (int chunk : {256, 512}) {
+    GqaRow v{"variant", 8, 1, 128, 16, 128, 512, 8192};
+    v.options.chunk = chunk;
+    v.note = chunk == 256 ? "chunk 256" : "chunk 512";
+    rows.push_back(v);
+  }
+  {
+    GqaRow v{"variant", 48, 3, 128, 16, 64, 512, 8192};
+    v.options.stages = 4;
+    v.note = "1 warp x 4 stages";
     rows.push_back(v);
   }
   if (opt.quick) rows.resize(6);
@@ -658,6 +671,9 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   by16.heads_per_block = 16;
   rows_copy.row_copies = true;
   plain.plain_merge = true;
+  MlaDecodeOptions chunk256, chunk512;  // more items than blocks: taken from the counter
+  chunk256.chunk = 256;
+  chunk512.chunk = 512;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -677,6 +693,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"variant", 16, 1, 65536, 65536, DType::kBF16, plain, "merge launched plainly"},
       {"variant", 128, 16, 8192, 8192, DType::kBF16, plain, "merge launched plainly"},
       {"variant", 32, 32, 1024, 16384, DType::kBF16, plain, "merge launched plainly"},
+      {"variant", 16, 1, 65536, 65536, DType::kBF16, chunk256, "chunk 256"},
+      {"variant", 128, 1, 32768, 32768, DType::kBF16, chunk512, "chunk 512"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

@@ -612,6 +612,14 @@ int DefaultWarps(int pairs, DType kv_type, int head_dim) {
   return pairs >= 2 ? 2 : 1;
 }
 
+// Ring depth per warp: 4, but 3 for 1-warp blocks of 16 query heads per warp over a 16-bit
+// cache (rows16 implies head_dim <= 128), which fits 9 blocks on an SM instead of 6: measured
+// 8% faster on 48/3 heads, 64 x 512-8k, and the same on 16/1 (docs/benchmarks.md, variant rows
+// "1 warp x 3 stages"); 1-warp blocks of 8 query heads measured the same or slower with 3.
+int DefaultStages(int warps, bool rows16, DType kv_type) {
+  return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 3 : 4;
+}
+
 // Everything of a plan but the items: warps, resident blocks, the planner's input.
 struct PlanBasis {
   int warps = 0;
@@ -665,7 +673,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   }
   basis->warps = warps;
   basis->rows16 = rows16;
-  basis->stages = options.stages == 0 ? 4 : options.stages;
+  basis->stages = options.stages != 0 ? options.stages : DefaultStages(warps, rows16, kv_type);
   basis->hgroups = (pairs + warps - 1) / warps;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;

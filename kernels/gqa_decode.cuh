@@ -24,7 +24,8 @@ struct GqaDecodeOptions {
   int chunk = 0;         // tokens per work item (a multiple of 16) instead of the planned ones
   bool uniform = false;  // plan as if every sequence had max_seq_len (ignores host seq_lens)
   bool rows8 = false;    // groups above 8: 8 query heads per warp (two K/V streams per 16)
-  int stages = 0;        // ring depth per warp: 4, or 3 (1-warp blocks, 16-bit caches, d <= 128)
+  int stages = 0;        // ring depth per warp: 4, or 3 (1-warp blocks, 16-bit caches, d <= 128;
+                         // the default for those with 16 query heads per warp)
   bool plain_merge = false;  // launch the merge kernel after the attention kernel, not as its
                              // programmatic dependent (for comparison)
 };
