@@ -644,8 +644,11 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   int warps = options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim);
   int ctas = 0;
   double tile_us = 0.0;
+  // The ring depth first: the resident blocks and the tile cost below are that kernel's.
+  const int stages =
+      options.stages != 0 ? options.stages : DefaultStages(warps, rows16, kv_type);
   const bool found =
-      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16, options.stages,
+      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16, stages,
                  [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st) {
                    using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
                                          decltype(dim)::value, decltype(w)::value,
@@ -653,8 +656,8 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
                    ctas = L::ResidentCtas();
                    tile_us = L::TileUs(ctas);
                  });
-  if (!found && options.stages != 0 && options.stages != 4) {
-    return KernelStatus::Refused("GqaDecode: a ring of " + std::to_string(options.stages) +
+  if (!found && stages != 4) {
+    return KernelStatus::Refused("GqaDecode: a ring of " + std::to_string(stages) +
                                  " stages exists only for 1-warp blocks of bf16/fp16 caches with "
                                  "head_dim <= 128 (here " + std::to_string(warps) +
                                  " warps, head_dim " + std::to_string(shape.head_dim) + ")");
@@ -673,7 +676,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   }
   basis->warps = warps;
   basis->rows16 = rows16;
-  basis->stages = options.stages != 0 ? options.stages : DefaultStages(warps, rows16, kv_type);
+  basis->stages = stages;
   basis->hgroups = (pairs + warps - 1) / warps;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;
