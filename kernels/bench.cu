@@ -485,6 +485,54 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
   rows8.rows8 = true;
   rows.push_back({"variant", 16, 1, 128, 16, 128, 512, 8192, DType::kBF16, Layout::kKvFirst, rows8,
                   "8 query heads per warp"});
+  // 1-warp blocks with 3-stage rings (more blocks, hence warps, per SM) on the rows of few kv
+  // heads.
+  GqaDecodeOptions shallow;
+  shallow.warps = 1;
+  shallow.stages = 3;
+  const char* s3 = "1 warp x 3 stages";  // (no commas: the CSV)
+  for (const GqaRow& r : std::vector<GqaRow>{
+           {"variant", 8, 1, 128, 16, 128, 512, 8192},
+           {"variant", 7, 1, 128, 16, 128, 512, 8192},
+           {"variant", 16, 1, 128, 16, 128, 512, 8192},
+           {"variant", 48, 3, 128, 16, 64, 512, 8192},
+           {"variant", 16, 2, 128, 16, 64, 512, 8192},
+           {"variant", 28, 4, 128, 16, 64, 512, 8192},
+           {"variant", 32, 4, 128, 16, 64, 512, 8192},
+           {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+       }) {
+    GqaRow v = r;
+    v.options = shallow;
+    v.note = s3;
+    rows.push_back(v);
+  }
+  // The merge kernel launched plainly after the attention kernel (the previous launch).
+  GqaDecodeOptions plain;
+  plain.plain_merge = true;
+  for (const GqaRow& r : std::vector<GqaRow>{
+           {"variant", 8, 1, 128, 16, 128, 512, 8192},
+           {"variant", 32, 8, 128, 16, 1, 131072, 131072},
+           {"variant", 32, 8, 128, 16, 64, 128, 16384},
+           {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+       }) {
+    GqaRow v = r;
+    v.options = plain;
+    v.note = "merge launched plainly";
+    rows.push_back(v);
+  }
+  // Forced chunks on the 1-kv-head row: more, shorter items taken from the counter.
+  for (int chunk : {256, 512}) {
+    GqaRow v{"variant", 8, 1, 128, 16, 128, 512, 8192};
+    v.options.chunk = chunk;
+    v.note = chunk == 256 ? "chunk 256" : "chunk 512";
+    rows.push_back(v);
+  }
+  {
+    GqaRow v{"variant", 48, 3, 128, 16, 64, 512, 8192};
+    v.options.stages = 4;
+    v.note = "1 warp x 4 stages";
+    rows.push_back(v);
+  }
   if (opt.quick) rows.resize(6);
   return rows;
 }
@@ -619,9 +667,13 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const DType e4 = DType::kFP8E4M3;
-  MlaDecodeOptions by16, rows_copy;
+  MlaDecodeOptions by16, rows_copy, plain;
   by16.heads_per_block = 16;
   rows_copy.row_copies = true;
+  plain.plain_merge = true;
+  MlaDecodeOptions chunk256, chunk512;  // more items than blocks: taken from the counter
+  chunk256.chunk = 256;
+  chunk512.chunk = 512;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -638,6 +690,11 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"full context", 32, 128, 8192, 8192, e4},
       {"variant", 32, 128, 8192, 8192, DType::kBF16, by16, "16 heads per block"},
       {"variant", 32, 128, 8192, 8192, DType::kBF16, rows_copy, "one bulk copy per row"},
+      {"variant", 16, 1, 65536, 65536, DType::kBF16, plain, "merge launched plainly"},
+      {"variant", 128, 16, 8192, 8192, DType::kBF16, plain, "merge launched plainly"},
+      {"variant", 32, 32, 1024, 16384, DType::kBF16, plain, "merge launched plainly"},
+      {"variant", 16, 1, 65536, 65536, DType::kBF16, chunk256, "chunk 256"},
+      {"variant", 128, 1, 32768, 32768, DType::kBF16, chunk512, "chunk 512"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;
@@ -653,8 +710,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       "lengths from SeededLengths(seed 1))\n\n",
       bs);
   std::printf(
-      "| rows | heads | kv | lengths | median us | TB/s | vs read ceiling | blind plan us | plan "
-      "|\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+      "| rows | heads | kv | lengths | median us | TB/s | vs read ceiling | TFLOP/s | blind plan "
+      "us | plan |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
   for (const MlaRow& row : rows) {
     if (!opt.only.empty()) {
       char want[64];
@@ -724,10 +781,13 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
                          2.0 * row.batch * row.heads * (kMlaKDim + kMlaVDim) +
                          4.0 * row.batch * row.heads;
     const double tbs = bytes / (ms * 1e-3) / 1e12;
+    // The MMAs' useful work: scores over the 576-wide key, outputs over the 512 value dims.
+    const double flops = 2.0 * tokens * row.heads * (kMlaKDim + kMlaVDim);
+    const double tflops = flops / (ms * 1e-3) / 1e12;
     const std::string lens_note = LensNote(row.batch, row.lo, row.hi);
-    std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.1f | %s |\n", row.group,
+    std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.0f | %.1f | %s |\n", row.group,
                 *row.note ? ", " : "", row.note, row.heads, KvName(row.kv_type), lens_note.c_str(),
-                ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
+                ms * 1e3, tbs, tbs / ceil.read_tbs, tflops, blind_ms * 1e3,
                 DescribePlan(plan.split).c_str());
     std::fflush(stdout);
     if (csv != nullptr && row.kv_type == DType::kBF16 && *row.note == 0) {

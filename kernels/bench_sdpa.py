@@ -63,10 +63,35 @@ def try_all(forms):
     return timings
 
 
+def matmul_ceiling():
+    """The dense bf16 tensor-core rate in this run (TFLOP/s): an 8192^3 product through
+    PyTorch (cuBLAS) on random data, median of 20; the compute ceiling of the MLA rows."""
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    ms = median_ms(lambda: a @ b, warmup=5, reps=20)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
 def main():
     warnings.filterwarnings("ignore")  # backends that refuse a shape say so; we report n/a
     rows = list(csv.DictReader(open(sys.argv[1])))
     torch.manual_seed(0)
+    mm = matmul_ceiling()
+    print("\nbf16 matrix-product ceiling (8192^3 through torch.matmul, random data): "
+          "**%.0f TFLOP/s**" % mm)
+    for r in rows:  # the MLA rows' arithmetic against it (2 * tokens * heads * (576 + 512))
+        if r["kind"] == "mla":
+            batch, lo, hi, heads = (int(r[k]) for k in ("batch", "lo", "hi", "qo"))
+            tokens = float(r["bytes"]) - 2.0 * batch * heads * (576 + 512) - 4.0 * batch * heads
+            tokens /= 576 * 2
+            tf = 2.0 * tokens * heads * (576 + 512) / (float(r["ms"]) * 1e-3) / 1e12
+            ratio = float(r["bytes"]) / (float(r["ms"]) * 1e-3) / 1e12 / float(r["read_tbs"])
+            print("- MLA %s %d heads, %d x %d-%d: %.0f TFLOP/s = %.2fx of the matrix ceiling, "
+                  "%.2fx of the read ceiling" % (r["rows"], heads, batch, lo, hi, tf, tf / mm,
+                                                   ratio))
     print("\n### Attention decode vs PyTorch SDPA (torch %s) over a padded contiguous copy\n"
           % torch.__version__)
     print("| kind | rows | heads | d | batch | lengths lo-hi | kvpool us | SDPA us (best) | "

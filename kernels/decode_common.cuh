@@ -16,7 +16,7 @@ namespace kvpool::kernels::detail {
 
 // Device view of the workspace a plan was written into (decode_plan.h's DecodeWorkspaceLayout).
 struct PlanWorkspace {
-  int* counter = nullptr;                   // the work counter (reset before a counter launch)
+  int* counter = nullptr;  // [0]: the work counter, [1]: blocks done; zero between launches
   const DecodeWorkItem* items = nullptr;    // the plan's items, in the order blocks take them
   const DecodeMergeItem* merges = nullptr;  // split sequences
   float* part_lse = nullptr;                // [slots, heads], natural log
@@ -32,6 +32,38 @@ inline PlanWorkspace CarvePlanWorkspace(void* base, const DecodeWorkspaceLayout&
   w.part_lse = reinterpret_cast<float*>(p + l.part_lse);
   w.part_o = reinterpret_cast<float*>(p + l.part_o);
   return w;
+}
+
+// Programmatic dependent launch (Hopper): the attention kernels let the merge kernel be launched
+// while they still run (LaunchDependents, at their start), and the merge kernel, launched with
+// the programmatic-serialization attribute, waits for their completion and memory
+// (WaitForPrimary: griddepcontrol.wait returns once the preceding grid has finished and its
+// writes are visible; without the attribute it returns at once). The merge's launch and
+// scheduling overlap the attention kernel's tail instead of following it.
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrimary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The work counter resets itself: each block of a counter launch calls this once, from one
+// thread, after its take from counter[0] came back past the last item; the last block to
+// arrive sets both words back to zero (no block takes again after its own arrival, and the
+// fence orders its last take before it), so the next launch needs no memset. PlanGqaDecode /
+// PlanMlaDecode zero both words when they write the plan.
+__device__ __forceinline__ void FinishWorkCounter(int* counter) {
+  __threadfence();
+  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+  if (static_cast<unsigned>(atomicAdd(counter + 1, 1)) == blocks - 1) {
+    __threadfence();
+    atomicExch(counter, 0);
+    atomicExch(counter + 1, 0);
+  }
 }
 
 // Merges the partial results of every split (sequence, head): block (m * heads + h, y) merges
@@ -50,6 +82,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
                         const DecodeMergeItem* __restrict__ merges, int heads, void* __restrict__ o,
                         float* __restrict__ lse) {
   static_assert(kDim % 64 == 0, "dims in slices of 64");
+  WaitForPrimary();
   __shared__ float s_w[kMergeChunk];
   __shared__ float s_acc[kMergeWarps][64];
   __shared__ float s_red[kMergeWarps];
@@ -120,6 +153,7 @@ __global__ void __launch_bounds__(128)
     MergeFewSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                          const DecodeMergeItem* __restrict__ merges, int num_merges, int heads,
                          void* __restrict__ o, float* __restrict__ lse) {
+  WaitForPrimary();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= num_merges * heads) return;
@@ -159,28 +193,51 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-// Merges a plan's split sequences (max_splits: the most splits of any of them).
+// Merges a plan's split sequences (max_splits: the most splits of any of them), launched as a
+// programmatic dependent of the attention kernel just before it on `stream` (see
+// LaunchDependents), or plainly after it (`dependent` false: the benchmark's comparison).
 template <bool kOutBf16, int kDim>
 cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max_splits, int heads,
-                                void* o, float* lse, cudaStream_t stream) {
+                                void* o, float* lse, bool dependent, cudaStream_t stream) {
   if (num_merges == 0) return cudaSuccess;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  // Where a stream or driver refuses the attribute, the merge is launched plainly (stream order).
+  auto launch = [&](auto kernel, auto... args) {
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {
+      (void)cudaGetLastError();
+      cfg.numAttrs = 0;
+      e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    }
+    return e;
+  };
+  const float* part_o = ws.part_o;
+  const float* part_lse = ws.part_lse;
   if (max_splits <= kFewSplits) {
     const int warps = num_merges * heads;
-    MergeFewSplitsKernel<kOutBf16, kDim><<<(warps + 3) / 4, 128, 0, stream>>>(
-        ws.part_o, ws.part_lse, ws.merges, num_merges, heads, o, lse);
-    return cudaGetLastError();
+    cfg.gridDim = dim3((warps + 3) / 4);
+    cfg.blockDim = dim3(128);
+    return launch(MergeFewSplitsKernel<kOutBf16, kDim>, part_o, part_lse, ws.merges, num_merges,
+                  heads, o, lse);
   }
-  const dim3 grid(num_merges * heads, kDim / 64);
-  MergePartialsKernel<kOutBf16, kDim>
-      <<<grid, kMergeWarps * 32, 0, stream>>>(ws.part_o, ws.part_lse, ws.merges, heads, o, lse);
-  return cudaGetLastError();
+  cfg.gridDim = dim3(num_merges * heads, kDim / 64);
+  cfg.blockDim = dim3(kMergeWarps * 32);
+  return launch(MergePartialsKernel<kOutBf16, kDim>, part_o, part_lse, ws.merges, heads, o, lse);
 }
 
-// Uploads a plan's items and merges into the workspace (on `stream`, from the plan's own host
-// vectors, which must outlive the copy: the plan is kept by the caller).
+// Uploads a plan's items and merges into the workspace and zeroes its work counter (on
+// `stream`, from the plan's own host vectors, which must outlive the copy: the plan is kept by
+// the caller).
 inline cudaError_t UploadPlan(const SplitPlan& plan, const DecodeWorkspaceLayout& l, void* ws,
                               cudaStream_t stream) {
   auto* p = static_cast<uint8_t*>(ws);
+  if (cudaError_t e = cudaMemsetAsync(p, 0, 2 * sizeof(int), stream); e != cudaSuccess) return e;
   if (!plan.items.empty()) {
     if (cudaError_t e = cudaMemcpyAsync(p + l.items, plan.items.data(),
                                         plan.items.size() * sizeof(DecodeWorkItem),

@@ -71,7 +71,9 @@ struct GqaParams {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kSmemBudget = 200 * 1024;
 
-template <typename KV, int kDim, int kWarps>
+// kMaxStages: ring depth per warp (4; 3 for the shallow variant of 1-warp blocks, which fits
+// more blocks, hence more warps, on an SM).
+template <typename KV, int kDim, int kWarps, int kMaxStages = 4>
 struct GqaConfig {
   static constexpr int kEB = KvTraits<KV>::kBytes;
   static constexpr bool kMmaBf16 = KvTraits<KV>::kMmaBf16;
@@ -86,7 +88,7 @@ struct GqaConfig {
   static constexpr int kStageBytes = 32 * kRow;  // per warp: 16 tokens of K and V
   static constexpr int kKBytes = 16 * kRow;      // K half of a stage
   static constexpr int kFit = kSmemBudget / (kWarps * kStageBytes);
-  static constexpr int kStages = kFit > 4 ? 4 : kFit;
+  static constexpr int kStages = kFit > kMaxStages ? kMaxStages : kFit;
   static constexpr int kSmemBytes = kWarps * kStages * kStageBytes;
   // Rows of at least 128 bytes are copied warp-wide in whole 16-byte chunks, row after row, so
   // each copy instruction asks L2 for whole 128-byte lines (two 256-byte rows per instruction
@@ -115,10 +117,10 @@ constexpr int MaxWarps() {
 // kRows16: each warp takes 16 query heads of its kv head (the MMA's rows 8..15 too) instead of
 // 8, for groups above 8: one K/V stream per 16 query heads, twice the score and output
 // accumulators.
-template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16>
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16, int kMaxStages>
 __global__ void __launch_bounds__(kWarps * 32)
     GqaDecodeKernel(const __grid_constant__ GqaParams p) {
-  using C = GqaConfig<KV, kDim, kWarps>;
+  using C = GqaConfig<KV, kDim, kWarps, kMaxStages>;
   constexpr int kH = kRows16 ? 2 : 1;  // halves of 8 query rows per warp
   constexpr int kRows = 8 * kH;
   static_assert(C::kStages >= 2, "pipeline does not fit shared memory");
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int r = lane / 4;  // fragment row group
   const int qd = lane % 4;
   const uint32_t pipe = detail::SmemAddr(smem) + warp * C::kStages * C::kStageBytes;
+  detail::LaunchDependents();  // the merge kernel may be scheduled now; it waits for our end
 
   for (int round = 0;; ++round) {
     int item;
@@ -143,7 +146,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();
       item = s_item;
       __syncthreads();
-      if (item >= p.total_items) break;
+      if (item >= p.total_items) {
+        if (threadIdx.x == 0) detail::FinishWorkCounter(p.ws.counter);
+        break;
+      }
     }
     const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + item);  // seq, unit, start, end
     const int b = wi.x;
@@ -471,14 +477,14 @@ constexpr bool WarpsFit(int warps) {
 
 constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the cost model
 
-template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16>
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16, int kMaxStages>
 struct GqaLauncher {
-  using C = GqaConfig<KV, kDim, kWarps>;
+  using C = GqaConfig<KV, kDim, kWarps, kMaxStages>;
 
   // Resident thread blocks for the whole GPU (0 on error).
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16>;
+      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages>;
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                C::kSmemBytes) != cudaSuccess) {
         return 0;
@@ -501,18 +507,13 @@ struct GqaLauncher {
   static cudaError_t Run(const GqaDecodePlan& plan, GqaParams p, cudaStream_t stream) {
     p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
     p.total_items = static_cast<int>(plan.split.items.size());
-    p.one_item = plan.split.one_item ? 1 : 0;
-    if (!plan.split.one_item) {
-      if (cudaError_t e = cudaMemsetAsync(p.ws.counter, 0, sizeof(int), stream); e != cudaSuccess) {
-        return e;
-      }
-    }
-    GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16>
+    p.one_item = plan.split.one_item ? 1 : 0;  // otherwise the counter is zero (it resets itself)
+    GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages>
         <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
-        p.o, p.lse, stream);
+        p.o, p.lse, !plan.plain_merge, stream);
   }
 };
 
@@ -521,25 +522,38 @@ using Int = std::integral_constant<int, kV>;
 template <bool kV>
 using Bool = std::integral_constant<bool, kV>;
 
-// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}, Bool<kRows16>{}) for the kernel of
-// these types, head_dim, warps and rows per warp; false where there is none (16 rows per warp
-// exist for head_dim <= 128 and up to 4 warps per block).
+// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}, Bool<kRows16>{}, Int<kMaxStages>{})
+// for the kernel of these types, head_dim, warps, rows per warp and ring depth; false where there
+// is none (16 rows per warp exist for head_dim <= 128 and up to 4 warps per block; 3-stage rings
+// for 1-warp blocks of 16-bit caches with head_dim <= 128).
 template <typename F>
-bool WithKernel(DType q_type, DType kv_type, int head_dim, int warps, bool rows16, F&& f) {
+bool WithKernel(DType q_type, DType kv_type, int head_dim, int warps, bool rows16, int stages,
+                F&& f) {
   auto by_warps = [&](auto kv, auto qbf16, auto dim) {
     using KV = decltype(kv);
     constexpr int kDim = decltype(dim)::value;
     if (!WarpsFit<KV, kDim>(warps)) return false;
+    auto with_stages = [&](auto w, auto r16) {
+      if (stages == 0 || stages == 4) {
+        f(kv, qbf16, dim, w, r16, Int<4>{});
+        return true;
+      }
+      if constexpr (decltype(w)::value == 1 && kDim <= 128 && !std::is_same_v<KV, Fp8Tag>) {
+        if (stages == 3) {
+          f(kv, qbf16, dim, w, r16, Int<3>{});
+          return true;
+        }
+      }
+      return false;
+    };
     auto call = [&](auto w) {
       if (rows16) {
         if constexpr (kDim <= 128 && decltype(w)::value <= 4) {
-          f(kv, qbf16, dim, w, Bool<true>{});
-          return true;
+          return with_stages(w, Bool<true>{});
         }
         return false;
       }
-      f(kv, qbf16, dim, w, Bool<false>{});
-      return true;
+      return with_stages(w, Bool<false>{});
     };
     switch (warps) {
       case 1:
@@ -598,10 +612,19 @@ int DefaultWarps(int pairs, DType kv_type, int head_dim) {
   return pairs >= 2 ? 2 : 1;
 }
 
+// Ring depth per warp: 4, but 3 for 1-warp blocks of 16 query heads per warp over a 16-bit
+// cache (rows16 implies head_dim <= 128), which fits 9 blocks on an SM instead of 6: measured
+// 8% faster on 48/3 heads, 64 x 512-8k, and the same on 16/1 (docs/benchmarks.md, variant rows
+// "1 warp x 3 stages"); 1-warp blocks of 8 query heads measured the same or slower with 3.
+int DefaultStages(int warps, bool rows16, DType kv_type) {
+  return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 3 : 4;
+}
+
 // Everything of a plan but the items: warps, resident blocks, the planner's input.
 struct PlanBasis {
   int warps = 0;
   bool rows16 = false;
+  int stages = 4;
   int hgroups = 0;
   SplitPlanInput in;
 };
@@ -621,15 +644,24 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   int warps = options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim);
   int ctas = 0;
   double tile_us = 0.0;
+  // The ring depth first: the resident blocks and the tile cost below are that kernel's.
+  const int stages =
+      options.stages != 0 ? options.stages : DefaultStages(warps, rows16, kv_type);
   const bool found =
-      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16,
-                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16) {
+      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16, stages,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st) {
                    using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
                                          decltype(dim)::value, decltype(w)::value,
-                                         decltype(r16)::value>;
+                                         decltype(r16)::value, decltype(st)::value>;
                    ctas = L::ResidentCtas();
                    tile_us = L::TileUs(ctas);
                  });
+  if (!found && stages != 4) {
+    return KernelStatus::Refused("GqaDecode: a ring of " + std::to_string(stages) +
+                                 " stages exists only for 1-warp blocks of bf16/fp16 caches with "
+                                 "head_dim <= 128 (here " + std::to_string(warps) +
+                                 " warps, head_dim " + std::to_string(shape.head_dim) + ")");
+  }
   if (!found) {
     return KernelStatus::Refused("GqaDecode: " + std::to_string(warps) +
                                  " warps per block do not fit head_dim " +
@@ -644,6 +676,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   }
   basis->warps = warps;
   basis->rows16 = rows16;
+  basis->stages = stages;
   basis->hgroups = (pairs + warps - 1) / warps;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;
@@ -656,7 +689,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   in.granule_us = tile_us;
   in.item_us = 5.0;
   in.merge_us = 4.0;
-  in.counter_us = 2.0;
+  in.counter_us = 0.5;  // the atomic takes (the counter resets itself, no memset)
   in.max_slots = 2 * ctas;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
@@ -721,6 +754,8 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
   plan->max_seq_len = in.max_seq_len;
   plan->warps = basis.warps;
   plan->rows16 = basis.rows16;
+  plan->stages = basis.stages;
+  plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
       e != cudaSuccess) {
@@ -770,11 +805,11 @@ KernelStatus RunGqaDecode(const GqaDecodePlan& plan, const void* q, const void* 
   p.v_scale = scales.v_scale;
   cudaError_t e = cudaSuccess;
   const bool found =
-      WithKernel(plan.q_type, plan.kv_type, shape.head_dim, plan.warps, plan.rows16,
-                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16) {
+      WithKernel(plan.q_type, plan.kv_type, shape.head_dim, plan.warps, plan.rows16, plan.stages,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st) {
                    using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
                                          decltype(dim)::value, decltype(w)::value,
-                                         decltype(r16)::value>;
+                                         decltype(r16)::value, decltype(st)::value>;
                    e = L::Run(plan, p, stream);
                  });
   if (!found) return KernelStatus::Refused("RunGqaDecode: the plan names no kernel");

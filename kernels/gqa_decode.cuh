@@ -24,6 +24,10 @@ struct GqaDecodeOptions {
   int chunk = 0;         // tokens per work item (a multiple of 16) instead of the planned ones
   bool uniform = false;  // plan as if every sequence had max_seq_len (ignores host seq_lens)
   bool rows8 = false;    // groups above 8: 8 query heads per warp (two K/V streams per 16)
+  int stages = 0;        // ring depth per warp: 4, or 3 (1-warp blocks, 16-bit caches, d <= 128;
+                         // the default for those with 16 query heads per warp)
+  bool plain_merge = false;  // launch the merge kernel after the attention kernel, not as its
+                             // programmatic dependent (for comparison)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its
@@ -36,6 +40,8 @@ struct GqaDecodePlan {
   int max_seq_len = 0;
   int warps = 0;        // pairs per block
   bool rows16 = false;  // 16 query heads per warp (groups above 8, head_dim <= 128)
+  int stages = 4;       // ring depth per warp
+  bool plain_merge = false;
   SplitPlan split;      // items, merges, grid
   DecodeWorkspaceLayout layout;
   const void* workspace = nullptr;  // where the items were written

@@ -22,6 +22,8 @@ struct MlaDecodeOptions {
   bool row_copies = false;  // one bulk copy per row instead of tensor copies (TMA)
   int chunk = 0;            // tokens per work item (a multiple of 64) instead of the planned ones
   bool uniform = false;     // plan as if every sequence had max_seq_len (ignores host seq_lens)
+  bool plain_merge = false;  // launch the merge kernel after the attention kernel, not as its
+                             // programmatic dependent (for comparison)
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.
@@ -32,6 +34,7 @@ struct MlaDecodePlan {
   int max_seq_len = 0;
   int heads_per_block = 0;
   bool tma = false;  // tensor copies
+  bool plain_merge = false;
   SplitPlan split;
   DecodeWorkspaceLayout layout;
   const void* workspace = nullptr;

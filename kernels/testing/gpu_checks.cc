@@ -575,6 +575,55 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
 
 }  // namespace
 
+// Configurations the kernels do not cover are refused by the planner with a reason that names
+// the limit (not a bare cudaErrorInvalidValue), and the plan stays empty.
+CheckResult CheckGqaRefusals() {
+  CheckResult res;
+  res.name = "gqa/refusals name their limit";
+  struct Refusal {
+    GqaDecodeShape shape;
+    DType q, kv;
+    GqaDecodeOptions options;
+    const char* must_say;
+  };
+  GqaDecodeOptions shallow;
+  shallow.warps = 1;
+  shallow.stages = 3;
+  GqaDecodeOptions eight;
+  eight.warps = 8;
+  const DType bf = DType::kBF16, e4 = DType::kFP8E4M3;
+  const Refusal cases[] = {
+      {{4, 32, 8, 96, 16, 8}, bf, bf, {}, "head_dim 96"},
+      {{4, 30, 8, 128, 16, 8}, bf, bf, {}, "multiple of num_kv_heads"},
+      {{4, 32, 8, 128, 24, 8}, bf, bf, {}, "block_size 24"},
+      {{4, 32, 8, 128, 16, 8}, e4, e4, {}, "queries cannot be e4m3"},
+      {{4, 8, 1, 128, 16, 8}, bf, e4, shallow, "3 stages"},
+      {{4, 64, 8, 256, 16, 8}, bf, bf, eight, "warps per block"},
+  };
+  DeviceBuffer ws;
+  if (cudaMalloc(&ws.ptr, 1 << 20) != cudaSuccess) {
+    res.detail = "cudaMalloc failed";
+    return res;
+  }
+  int n = 0;
+  for (const Refusal& c : cases) {
+    GqaDecodePlan plan;
+    const KernelStatus st =
+        PlanGqaDecode(c.shape, c.q, c.kv, nullptr, 1024, ws.ptr, 1 << 20, nullptr, &plan,
+                      c.options);
+    if (st.ok() || st.reason.find(c.must_say) == std::string::npos ||
+        st.cuda_error != cudaErrorInvalidValue || plan.workspace != nullptr) {
+      res.detail = "case " + std::to_string(n) + ": expected a refusal naming '" + c.must_say +
+                   "', got " + (st.ok() ? std::string("ok") : "'" + st.reason + "'");
+      return res;
+    }
+    ++n;
+  }
+  res.ok = true;
+  res.detail = std::to_string(n) + " refusals, each naming its limit";
+  return res;
+}
+
 std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<CheckResult> out;
@@ -745,6 +794,20 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
       rng));
   out.push_back(
       RunGqaCase({16, 1, 128, 16, bf, bf, kvf, ragged(8, 1, 3000, 14), rows8, "g16-rows8"}, rng));
+  // 1-warp blocks with 3-stage rings: 8 and 16 (rows16) query heads per warp, fp16 d64.
+  GqaDecodeOptions shallow;
+  shallow.warps = 1;
+  shallow.stages = 3;
+  out.push_back(RunGqaCase(
+      {8, 1, 128, 16, bf, bf, kvf, ragged(12, 1, 5000, 16), shallow, "g8-1warp-3stages"}, rng));
+  out.push_back(RunGqaCase(
+      {16, 1, 128, 16, bf, bf, Layout::kBlocksFirst, ragged(8, 1, 4000, 17), shallow,
+       "g16-1warp-3stages"},
+      rng));
+  out.push_back(RunGqaCase(
+      {14, 2, 64, 32, h16, h16, Layout::kPacked, ragged(8, 1, 4000, 18), shallow,
+       "g7-d64-1warp-3stages"},
+      rng));
   out.push_back(
       RunGqaCase({32, 2, 256, 16, bf, bf, kvf, ragged(4, 1, 3000, 15), {}, "g16-d256"}, rng));
   out.push_back(RunGqaCase({10,
@@ -772,6 +835,7 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
                             {},
                             "matrix-d64-ragged-scaled"},
                            rng));
+  out.push_back(CheckGqaRefusals());
   return out;
 }
 
