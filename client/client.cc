@@ -74,7 +74,9 @@ struct Client::Impl {
         routing(std::make_unique<client::RoutingTransport>(
             o.transport,
             [this](const std::string& endpoint) { return directory.ShmSocket(endpoint); },
-            client::TcpTransportOptions{.connections_per_endpoint = o.connections_per_segment},
+            client::TcpTransportOptions{
+                .connections_per_endpoint = o.connections_per_segment,
+                .tls = o.data_tls ? std::optional(TlsOptionsOf(o)) : std::nullopt},
             o.rdma_device)),
         fake_transport(std::move(data_transport)),
         transport(fake_transport != nullptr ? fake_transport.get() : routing.get()) {}
@@ -442,6 +444,9 @@ absl::StatusOr<std::unique_ptr<Client>> ClientBuilder::Build(
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (absl::Status tls = ValidateClientTls(TlsOptionsOf(options)); !tls.ok()) return tls;
+  if (options.data_tls && options.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError("data_tls needs tls_ca_file, the CA of the segments");
+  }
   absl::StatusOr<std::unique_ptr<MasterLocator>> locator =
       MasterLocator::Create(options.master_address, kDefaultEtcdPrefix, TlsOptionsOf(options));
   if (!locator.ok()) return locator.status();

@@ -17,10 +17,8 @@
 #include "common/net.h"
 
 namespace kvpool::client {
-namespace {
 
-// Waits until `fd` is ready for `events`. DeadlineExceeded when the deadline passes first.
-absl::Status WaitFor(int fd, short events, absl::Time deadline) {
+absl::Status WaitReady(int fd, short events, absl::Time deadline) {
   while (true) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("data transfer timed out");
@@ -33,8 +31,6 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline) {
     }
   }
 }
-
-}  // namespace
 
 size_t AdvanceIov(absl::Span<iovec> iov, size_t first, size_t n) {
   while (n > 0 && first < iov.size()) {
@@ -76,7 +72,7 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Tim
       close(fd);
       continue;
     }
-    absl::Status ready = WaitFor(fd, POLLOUT, deadline);
+    absl::Status ready = WaitReady(fd, POLLOUT, deadline);
     int error = 0;
     socklen_t len = sizeof(error);
     if (ready.ok()) getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
@@ -106,7 +102,7 @@ absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (absl::Status s = WaitFor(fd, POLLOUT, deadline); !s.ok()) return s;
+      if (absl::Status s = WaitReady(fd, POLLOUT, deadline); !s.ok()) return s;
       continue;
     }
     return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
@@ -125,7 +121,7 @@ absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
     if (n == 0) return absl::UnavailableError("connection closed by the segment");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (absl::Status s = WaitFor(fd, POLLIN, deadline); !s.ok()) return s;
+      if (absl::Status s = WaitReady(fd, POLLIN, deadline); !s.ok()) return s;
       continue;
     }
     return absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno)));

@@ -19,6 +19,10 @@ namespace kvpool::client {
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port, absl::Time deadline,
                                int buffer_bytes);
 
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT). DeadlineExceeded when the
+// deadline passes first.
+absl::Status WaitReady(int fd, short events, absl::Time deadline);
+
 // Drops `n` transferred bytes from the front of iov[first..] (shortening the entry it stops
 // in) and returns the index of the first entry with bytes left.
 size_t AdvanceIov(absl::Span<iovec> iov, size_t first, size_t n);

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "client/socket_io.h"
 #include "common/net.h"
 #include "proto/error_codes.h"
 
@@ -30,16 +29,25 @@ void FailAll(absl::Span<TransferOp* const> ops, const absl::Status& status) {
 }  // namespace
 
 TcpTransport::TcpTransport(TcpTransportOptions options)
-    : options_(options), tasks_(std::max(0, options.threads)) {}
-
-TcpTransport::~TcpTransport() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [endpoint, fds] : idle_) {
-    for (int fd : fds) close(fd);
+    : options_(options), tasks_(std::max(0, options.threads)) {
+  if (options_.tls) {
+    absl::StatusOr<std::shared_ptr<TlsContextSource>> tls =
+        TlsContextSource::ForClient(*options_.tls);
+    if (tls.ok()) {
+      tls_ = *std::move(tls);
+    } else {
+      tls_error_ = tls.status();
+    }
   }
 }
 
+TcpTransport::~TcpTransport() = default;
+
 void TcpTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
+  if (!tls_error_.ok()) {
+    for (TransferOp& op : ops) op.status = TransferError(op.endpoint, tls_error_);
+    return;
+  }
   // Deal each segment's ops round-robin over its lanes; every lane runs in parallel.
   absl::flat_hash_map<std::string, std::vector<TransferOp*>> by_endpoint;
   for (TransferOp& op : ops) by_endpoint[op.endpoint].push_back(&op);
@@ -69,13 +77,13 @@ void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* c
       FailAll(ops.subspan(done), TransferError(endpoint, lease.status()));
       return;
     }
-    PipelineResult result = Pipeline(lease->fd, endpoint, ops.subspan(done), deadline);
+    PipelineResult result = Pipeline(*lease->stream, endpoint, ops.subspan(done), deadline);
     done += result.answered;
     if (result.io_error.ok() && result.in_step) {
-      Release(endpoint, lease->fd);
+      Release(endpoint, std::move(lease->stream));
       continue;
     }
-    close(lease->fd);
+    lease->stream.reset();
     if (result.io_error.ok()) continue;  // a rejection: go on with a fresh connection
     // A pooled connection may have died while idle (the segment restarted): retry once.
     if (lease->reused && result.answered == 0 && !retried &&
@@ -88,7 +96,7 @@ void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* c
   }
 }
 
-TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& endpoint,
+TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const std::string& endpoint,
                                                     absl::Span<TransferOp* const> ops,
                                                     absl::Time deadline) {
   PipelineResult result;
@@ -115,13 +123,13 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& e
       ++sent;
     }
     if (!iov.empty()) {
-      result.io_error = SendAll(fd, absl::MakeSpan(iov), deadline);
+      result.io_error = stream.Send(absl::MakeSpan(iov), deadline);
       if (!result.io_error.ok()) return result;
     }
     TransferOp& op = *ops[result.answered];
     uint8_t response[wire::kResponseHeaderSize];
     iovec response_iov{response, sizeof(response)};
-    result.io_error = RecvAll(fd, absl::MakeSpan(&response_iov, 1), deadline);
+    result.io_error = stream.Recv(absl::MakeSpan(&response_iov, 1), deadline);
     if (!result.io_error.ok()) return result;
     absl::StatusOr<wire::ResponseHeader> header = wire::DecodeResponse(response);
     if (!header.ok() || header->request_id != result.answered) {
@@ -136,7 +144,7 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& e
       }
       std::string reason(header->length, '\0');
       iovec reason_iov{reason.data(), reason.size()};
-      (void)RecvAll(fd, absl::MakeSpan(&reason_iov, 1), deadline);
+      (void)stream.Recv(absl::MakeSpan(&reason_iov, 1), deadline);
       op.status = FromErrorCode(header->status, absl::StrCat("segment ", endpoint, ": ", reason));
       ++result.answered;
       result.in_step = false;
@@ -150,7 +158,7 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(int fd, const std::string& e
     }
     if (expected > 0) {
       std::vector<iovec> target = op.iov;
-      result.io_error = RecvAll(fd, absl::MakeSpan(target), deadline);
+      result.io_error = stream.Recv(absl::MakeSpan(target), deadline);
       if (!result.io_error.ok()) return result;
     }
     op.status = absl::OkStatus();
@@ -165,22 +173,22 @@ absl::StatusOr<TcpTransport::Lease> TcpTransport::Acquire(const std::string& end
     absl::MutexLock lock(&mu_);
     auto it = idle_.find(endpoint);
     if (it != idle_.end() && !it->second.empty()) {
-      int fd = it->second.back();
+      std::unique_ptr<DataStream> stream = std::move(it->second.back());
       it->second.pop_back();
-      return Lease{fd, true};
+      return Lease{std::move(stream), true};
     }
   }
   absl::StatusOr<HostPort> address = ParseHostPort(endpoint);
   if (!address.ok()) return address.status();
-  absl::StatusOr<int> fd =
-      ConnectTcp(address->host, address->port, deadline, options_.socket_buffer_bytes);
-  if (!fd.ok()) return fd.status();
-  return Lease{*fd, false};
+  absl::StatusOr<std::unique_ptr<DataStream>> stream = ConnectDataStream(
+      address->host, address->port, deadline, options_.socket_buffer_bytes, tls_.get());
+  if (!stream.ok()) return stream.status();
+  return Lease{*std::move(stream), false};
 }
 
-void TcpTransport::Release(const std::string& endpoint, int fd) {
+void TcpTransport::Release(const std::string& endpoint, std::unique_ptr<DataStream> stream) {
   absl::MutexLock lock(&mu_);
-  idle_[endpoint].push_back(fd);
+  idle_[endpoint].push_back(std::move(stream));
 }
 
 }  // namespace kvpool::client

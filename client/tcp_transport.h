@@ -3,15 +3,19 @@
 // The TCP transport: frames of proto/frame.h over pooled connections to each segment.
 // A batch is spread over up to `connections_per_endpoint` connections per segment, all
 // segments at once; on each connection requests are pipelined (a window of requests in
-// flight). Payloads go straight between the caller's buffers and the socket. Thread-safe.
+// flight). Payloads go straight between the caller's buffers and the socket. With
+// `tls` every connection is TLS (client/data_stream.h): the segments must serve
+// --data-tls. Thread-safe.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "client/data_stream.h"
 #include "client/transport.h"
 #include "common/task_pool.h"
 
@@ -24,6 +28,10 @@ struct TcpTransportOptions {
   int socket_buffer_bytes = 4 << 20;
   // Threads that drive connections in parallel (the caller's thread drives one more).
   int threads = 3;
+  // TLS on every data connection: segments' certificates verified against tls.ca_file and
+  // their names against the host of each endpoint (server_name is not used); tls.cert_file
+  // for mutual TLS. Unset: plaintext.
+  std::optional<ClientTlsOptions> tls;
 };
 
 class TcpTransport final : public Transport {
@@ -43,7 +51,7 @@ class TcpTransport final : public Transport {
     absl::Status io_error;
   };
   struct Lease {
-    int fd = -1;
+    std::unique_ptr<DataStream> stream;
     bool reused = false;
   };
 
@@ -51,17 +59,23 @@ class TcpTransport final : public Transport {
   void RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops,
                absl::Time deadline);
   // Sends ops in order, up to the window ahead of the answers, and reads the answers.
-  PipelineResult Pipeline(int fd, const std::string& endpoint, absl::Span<TransferOp* const> ops,
+  PipelineResult Pipeline(DataStream& stream, const std::string& endpoint,
+                          absl::Span<TransferOp* const> ops,
                           absl::Time deadline);
 
   absl::StatusOr<Lease> Acquire(const std::string& endpoint, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Release(const std::string& endpoint, int fd) ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& endpoint, std::unique_ptr<DataStream> stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const TcpTransportOptions options_;
+  // With options_.tls: the contexts (or why they could not be made: every op fails so).
+  std::shared_ptr<TlsContextSource> tls_;
+  absl::Status tls_error_;
   TaskPool tasks_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::vector<int>> idle_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<std::unique_ptr<DataStream>>> idle_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvpool::client

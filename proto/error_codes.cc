@@ -75,6 +75,7 @@ int32_t CodeForCanonical(absl::StatusCode code) {
     case absl::StatusCode::kDataLoss:
       return v1::CHECKSUM_MISMATCH;
     case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:  // Mooncake's codes have no separate one
       return v1::PERMISSION_DENIED;
     default:
       return v1::INTERNAL_ERROR;

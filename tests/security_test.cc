@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/net.h"
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
@@ -36,6 +38,9 @@ namespace {
 using testing::Eventually;
 using testing::MasterProcess;
 using testing::SegmentProcess;
+
+// The master's refusals of RPCs, before the method and reason labels.
+constexpr char kGrpcRefusals[] = "kvpool_auth_refusals_total{surface=\"grpc\",";
 
 // Tokens of the test pool (at least 16 characters, as the master demands).
 constexpr char kEngineA[] = "engine-a-token-0000000001";
@@ -329,12 +334,11 @@ TEST_F(AuthTest, EveryRoleAgainstEveryRpc) {
     }
   }
   // Refusals are counted per method and reason.
-  EXPECT_GE(MasterMetric("kvpool_auth_refusals_total{method=\"RemoveAll\",reason=\"no_credentials\"}"),
-            1u);
-  EXPECT_GE(MasterMetric("kvpool_auth_refusals_total{method=\"RemoveAll\",reason=\"wrong_role\"}"),
-            3u);
+  const std::string refusals = kGrpcRefusals;
+  EXPECT_GE(MasterMetric(refusals + "method=\"RemoveAll\",reason=\"no_credentials\"}"), 1u);
+  EXPECT_GE(MasterMetric(refusals + "method=\"RemoveAll\",reason=\"wrong_role\"}"), 3u);
   EXPECT_GE(
-      MasterMetric("kvpool_auth_refusals_total{method=\"Heartbeat\",reason=\"other_segment\"}"),
+      MasterMetric(std::string(kGrpcRefusals) + "method=\"Heartbeat\",reason=\"other_segment\"}"),
       1u);
   EXPECT_GE(MasterMetric("kvpool_tenant_calls_total{tenant=\"team-a\"}"), 1u);
 }
@@ -430,7 +434,7 @@ TEST_F(AuthTest, ASegmentWithAnotherSegmentsTokenNeverMounts) {
   ASSERT_TRUE(impostor.ok()) << impostor.status();
   EXPECT_FALSE((*impostor)->WaitForLine("kvpool-segment mounted", absl::Seconds(3)).ok());
   EXPECT_GE(MasterMetric(
-                "kvpool_auth_refusals_total{method=\"MountSegment\",reason=\"other_segment\"}"),
+                std::string(kGrpcRefusals) + "method=\"MountSegment\",reason=\"other_segment\"}"),
             1u);
 }
 
@@ -465,18 +469,34 @@ TEST_F(AuthTest, KvpoolctlCarriesItsToken) {
     std::string output;
     char buffer[4096];
     while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-    int rc = pclose(pipe);
-    return std::make_pair(rc, output);
+    int status = pclose(pipe);
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, output);
   };
+  // A stranger (no token) is told it is not authenticated, with the master's reason, and
+  // exits 3 (not INTERNAL_ERROR and 1).
   auto [denied_rc, denied] = run("status");
-  EXPECT_NE(denied_rc, 0) << denied;
+  EXPECT_EQ(denied_rc, 3) << denied;
+  EXPECT_TRUE(absl::StrContains(denied, "(UNAUTHENTICATED)")) << denied;
   EXPECT_TRUE(absl::StrContains(denied, "authentication")) << denied;
+  EXPECT_FALSE(absl::StrContains(denied, "INTERNAL_ERROR")) << denied;
+  auto [json_rc, json] = run("--json status");
+  EXPECT_EQ(json_rc, 3) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"error\":\"UNAUTHENTICATED\"")) << json;
+  auto [guess_rc, guess] =
+      run("--auth-token-file=" + WriteFile(dir_ + "/guess.token", "guessed-token-0000000001") +
+          " segments");
+  EXPECT_EQ(guess_rc, 3) << guess;
+  EXPECT_TRUE(absl::StrContains(guess, "(UNAUTHENTICATED)")) << guess;
   auto [ok_rc, ok] = run("--auth-token-file=" + admin_token + " segments");
   EXPECT_EQ(ok_rc, 0) << ok;
   EXPECT_TRUE(absl::StrContains(ok, "seg-1")) << ok;
-  auto [ctl_put_rc, ctl_put] =
+  // A reader may look but not remove: PERMISSION_DENIED with the role in the message.
+  auto [ctl_rm_rc, ctl_rm] =
       run("--auth-token-file=" + WriteFile(dir_ + "/reader.token", kReader) + " rm canary");
-  EXPECT_NE(ctl_put_rc, 0) << ctl_put;
+  EXPECT_EQ(ctl_rm_rc, 3) << ctl_rm;
+  EXPECT_TRUE(absl::StrContains(ctl_rm, "(PERMISSION_DENIED)")) << ctl_rm;
+  EXPECT_TRUE(absl::StrContains(ctl_rm, "reader")) << ctl_rm;
+  EXPECT_EQ(engine_a_->Get("canary").status().code(), absl::StatusCode::kOk);
 }
 
 TEST(TenantQuotaTest, ATenantOverItsQuotaGetsNoAvailableHandleWhileOthersPut) {
@@ -725,6 +745,22 @@ TEST(HttpAuthTest, PagesBeyondLoopbackNeedAReaderOrAdminToken) {
     EXPECT_EQ(fetch(http, path, kReader).status, 200) << path;
     EXPECT_EQ(fetch(http, path, kAdmin).status, 200) << path;
   }
+  // Each refused page is counted, by reason; the probes' open pages and admitted ones not.
+  auto sample = [&](const std::string& address, const std::string& token,
+                    const std::string& name) -> double {
+    std::string body = fetch(address, "/metrics", token).body;
+    for (absl::string_view line : absl::StrSplit(body, '\n')) {
+      if (absl::StartsWith(line, name + " ")) {
+        double value = -1;
+        if (absl::SimpleAtod(line.substr(name.size() + 1), &value)) return value;
+      }
+    }
+    return -1;
+  };
+  const std::string http_refusals = "kvpool_auth_refusals_total{surface=\"http\",method=\"GET\",";
+  EXPECT_EQ(sample(http, kReader, http_refusals + "reason=\"no_credentials\"}"), 2);
+  EXPECT_EQ(sample(http, kAdmin, http_refusals + "reason=\"unknown_token\"}"), 2);
+  EXPECT_EQ(sample(http, kReader, http_refusals + "reason=\"wrong_role\"}"), 2);
   EXPECT_TRUE(absl::StrContains(fetch(http, "/metrics", kReader).body, "kvpool_auth_rules"));
   EXPECT_FALSE(absl::StrContains(fetch(http, "/metrics", "").body, "kvpool_"));
   EXPECT_EQ(fetch(http, "/healthz", "").status, 200);
@@ -741,6 +777,8 @@ TEST(HttpAuthTest, PagesBeyondLoopbackNeedAReaderOrAdminToken) {
   EXPECT_EQ(fetch(segment->http, "/metrics", kAdmin).status, 401);
   testing::HttpReply scraped = fetch(segment->http, "/metrics", kReader);
   EXPECT_EQ(scraped.status, 200);
+  EXPECT_EQ(sample(segment->http, kReader, http_refusals + "reason=\"no_credentials\"}"), 1);
+  EXPECT_EQ(sample(segment->http, kReader, http_refusals + "reason=\"unknown_token\"}"), 1);
   EXPECT_TRUE(absl::StrContains(scraped.body, "kvpool_segment_")) << scraped.body.substr(0, 200);
   EXPECT_EQ(fetch(segment->http, "/healthz", "").status, 200);
 }

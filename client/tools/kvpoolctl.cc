@@ -9,7 +9,8 @@
 //     segments              one line per segment
 //     drain SEGMENT         stop placing objects on a segment; it leaves when idle
 //
-// Exit status: 0 success, 1 the operation failed (not found, pressure, ...), 2 usage error.
+// Exit status: 0 success, 1 the operation failed (not found, pressure, ...), 2 usage error,
+// 3 the master refused the credentials (UNAUTHENTICATED) or the role (PERMISSION_DENIED).
 
 #include <cstdio>
 #include <fstream>
@@ -78,17 +79,26 @@ int Usage(absl::string_view problem) {
   return 2;
 }
 
+// The name an error is reported under: the master's refusals of the caller's credentials
+// or role by their gRPC names (UNAUTHENTICATED, PERMISSION_DENIED), whatever wire code they
+// carry; everything else by its error code.
+std::string ErrorName(const absl::Status& status) {
+  if (absl::IsUnauthenticated(status)) return "UNAUTHENTICATED";
+  if (absl::IsPermissionDenied(status)) return "PERMISSION_DENIED";
+  return kvpool::ErrorCodeName(kvpool::ToErrorCode(status));
+}
+
+// Exit status 1 for a failed command, 3 when the master refused the credentials or the role.
 int Report(const absl::Status& status, absl::string_view what) {
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("{\"ok\":false,\"code\":%d,\"error\":%s,\"message\":%s}\n",
-                kvpool::ToErrorCode(status), JsonString(kvpool::ErrorCodeName(kvpool::ToErrorCode(status))).c_str(),
+                kvpool::ToErrorCode(status), JsonString(ErrorName(status)).c_str(),
                 JsonString(status.message()).c_str());
   } else {
     std::fprintf(stderr, "kvpoolctl: %s: %s (%s)\n", std::string(what).c_str(),
-                 std::string(status.message()).c_str(),
-                 kvpool::ErrorCodeName(kvpool::ToErrorCode(status)).c_str());
+                 std::string(status.message()).c_str(), ErrorName(status).c_str());
   }
-  return 1;
+  return absl::IsUnauthenticated(status) || absl::IsPermissionDenied(status) ? 3 : 1;
 }
 
 absl::StatusOr<std::string> ReadInput(const std::string& path) {

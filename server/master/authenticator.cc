@@ -98,13 +98,17 @@ absl::StatusOr<Identity> Authenticator::AdmitHttp(const std::optional<std::strin
     absl::ReaderMutexLock lock(&mu_);
     table = table_;
   }
-  absl::StatusOr<Identity> identified = table->Identify({.token = token});
+  Refusal refusal = Refusal::kNone;
+  absl::StatusOr<Identity> identified = table->Identify({.token = token}, &refusal);
   if (!identified.ok()) {
+    http_refusals_[static_cast<size_t>(refusal)].fetch_add(1, std::memory_order_relaxed);
     return absl::UnauthenticatedError(
         absl::StrCat("HTTP refused: ", identified.status().message(),
                      " (send \"Authorization: Bearer <token>\" of role reader or admin)"));
   }
   if (identified->role != Role::kReader && identified->role != Role::kAdmin) {
+    http_refusals_[static_cast<size_t>(Refusal::kWrongRole)].fetch_add(1,
+                                                                       std::memory_order_relaxed);
     return absl::PermissionDeniedError(absl::StrCat("HTTP refused: \"", identified->name,
                                                     "\" has role ", RoleName(identified->role),
                                                     "; reader or admin may read these pages"));
@@ -160,6 +164,10 @@ uint64_t Authenticator::Refusals(Rpc rpc, Refusal refusal) const {
   return refusals_[static_cast<size_t>(rpc)][static_cast<size_t>(refusal)].load();
 }
 
+uint64_t Authenticator::HttpRefusals(Refusal refusal) const {
+  return http_refusals_[static_cast<size_t>(refusal)].load();
+}
+
 uint64_t Authenticator::TenantCalls(const std::string& tenant) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = tenant_calls_.find(tenant);
@@ -168,15 +176,23 @@ uint64_t Authenticator::TenantCalls(const std::string& tenant) const {
 
 std::vector<prometheus::MetricFamily> Authenticator::Collect() const {
   MetricFamilies families;
+  constexpr char kRefusalsHelp[] =
+      "Master calls refused by authentication (UNAUTHENTICATED) or authorization "
+      "(PERMISSION_DENIED), per surface (grpc, http), method and reason.";
   for (size_t rpc = 0; rpc < refusals_.size(); ++rpc) {
     for (size_t why = 1; why < refusals_[rpc].size(); ++why) {
-      families.Counter("kvpool_auth_refusals_total",
-                       "Master calls refused by authentication (UNAUTHENTICATED) or "
-                       "authorization (PERMISSION_DENIED), per method and reason.",
+      families.Counter("kvpool_auth_refusals_total", kRefusalsHelp,
                        static_cast<double>(refusals_[rpc][why].load()),
-                       {{"method", RpcName(static_cast<Rpc>(rpc))},
+                       {{"surface", "grpc"},
+                        {"method", RpcName(static_cast<Rpc>(rpc))},
                         {"reason", RefusalName(static_cast<Refusal>(why))}});
     }
+  }
+  // Pages of the HTTP server (only GET is served): the reasons a token can be refused for.
+  for (Refusal why : {Refusal::kNoCredentials, Refusal::kUnknownToken, Refusal::kWrongRole}) {
+    families.Counter("kvpool_auth_refusals_total", kRefusalsHelp,
+                     static_cast<double>(http_refusals_[static_cast<size_t>(why)].load()),
+                     {{"surface", "http"}, {"method", "GET"}, {"reason", RefusalName(why)}});
   }
   absl::ReaderMutexLock lock(&mu_);
   families.Gauge("kvpool_auth_enabled", "1 if callers must authenticate (--auth-tokens).",

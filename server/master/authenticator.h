@@ -53,8 +53,9 @@ class Authenticator {
                                           absl::string_view segment) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The HTTP endpoints (/metrics, /get_all_segments): a bearer token of role reader or admin,
-  // else Unauthenticated (none or unknown) or PermissionDenied (another role). Not counted in
-  // the refusal metrics (they are per RPC). Everyone is admitted when authentication is off.
+  // else Unauthenticated (none or unknown) or PermissionDenied (another role). Each refusal
+  // is counted (HttpRefusals; surface="http" in the metrics). Everyone is admitted when
+  // authentication is off.
   absl::StatusOr<Identity> AdmitHttp(const std::optional<std::string>& token)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Re-reads the file if its modification time or size changed (token rotation, a new
@@ -62,10 +63,11 @@ class Authenticator {
   absl::Status ReloadIfChanged() ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t Refusals(Rpc rpc, Refusal refusal) const;
+  uint64_t HttpRefusals(Refusal refusal) const;
   // Accepted calls per tenant ("" is the global namespace) so far.
   uint64_t TenantCalls(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // kvpool_auth_refusals_total{method,reason}, kvpool_auth_rules,
+  // kvpool_auth_refusals_total{surface,method,reason}, kvpool_auth_rules,
   // kvpool_tenant_calls_total{tenant}.
   std::vector<prometheus::MetricFamily> Collect() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -87,6 +89,7 @@ class Authenticator {
   std::array<std::array<std::atomic<uint64_t>, static_cast<size_t>(Refusal::kCount)>,
              static_cast<size_t>(Rpc::kCount)>
       refusals_{};
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Refusal::kCount)> http_refusals_{};
 };
 
 }  // namespace kvpool::master

@@ -21,6 +21,7 @@
 #include "common/size.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tls.h"
+#include "proto/tls_flags.h"
 #include "server/common/exposure.h"
 #include "server/common/http_server.h"
 #include "server/common/signals.h"
@@ -74,15 +75,12 @@ ABSL_FLAG(std::string, tenant_quotas, "",
           "Byte quotas per tenant of the credentials file, e.g. team-a=10GiB,team-b=512MiB: a "
           "put of a tenant at its quota answers NO_AVAILABLE_HANDLE (objects counted once, "
           "pending or committed). Empty: none");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC server: TLS on");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+// --tls-cert, --tls-key, --tls-reload-interval: proto/tls_flags.h.
 ABSL_FLAG(std::string, tls_client_ca, "",
           "Mutual TLS: verify client certificates against this CA (a caller without one must "
           "send a token)");
 ABSL_FLAG(bool, tls_require_client_cert, false,
           "With --tls-client-ca: refuse connections without a client certificate");
-ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
-          "How often the TLS files are checked for replacement (certificate rotation)");
 ABSL_FLAG(bool, insecure, false,
           "Allow binding a non-loopback address without TLS and authentication (logged as a "
           "warning): anyone who reaches the master then owns the pool");
@@ -214,11 +212,12 @@ int main(int argc, char** argv) {
     if (!loaded.ok()) return Fail(loaded.status());
     auth = std::move(*loaded);
   }
-  kvpool::ServerTlsOptions tls{.cert_file = absl::GetFlag(FLAGS_tls_cert),
-                               .key_file = absl::GetFlag(FLAGS_tls_key),
+  kvpool::TlsIdentityFlags identity = kvpool::GetTlsIdentityFlags(/*environment=*/false);
+  kvpool::ServerTlsOptions tls{.cert_file = identity.cert_file,
+                               .key_file = identity.key_file,
                                .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca),
                                .require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert),
-                               .reload_interval = absl::GetFlag(FLAGS_tls_reload_interval)};
+                               .reload_interval = identity.reload_interval};
   if (!tls.cert_file.empty() || !tls.key_file.empty() || !tls.client_ca_file.empty()) {
     if (absl::Status valid = kvpool::ValidateServerTls(tls); !valid.ok()) return Fail(valid);
   }

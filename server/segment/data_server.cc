@@ -3,9 +3,11 @@
 #include <sys/socket.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
 #include <array>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -13,6 +15,7 @@
 #include "server/common/listen.h"
 #include "proto/capability.h"
 #include "proto/checksum.h"
+#include "proto/data_tls.h"
 #include "proto/error_codes.h"
 #include "proto/frame.h"
 #include "proto/rdma_handshake.h"
@@ -34,7 +37,7 @@ struct ServerState {
   std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> rejected_malformed{0}, rejected_range{0}, rejected_token{0},
       rejected_expired{0}, rejected_ended{0}, rejected_busy{0}, rejected_connection_cap{0},
-      closed_idle{0},
+      rejected_handshake{0}, closed_idle{0},
       accept_errors{0};
   std::atomic<int64_t> connections{0};
   LogLimiter reject_log, close_log, accept_log;
@@ -47,17 +50,30 @@ struct ServerState {
 // straight into the pool, but only through GrantTable::Write::Land: once its grant ends no
 // further byte lands. At most one asynchronous operation is outstanding, so no strand is
 // needed.
-class Connection : public std::enable_shared_from_this<Connection> {
+//
+// With kTls the same over a TLS stream (Boost.Asio ssl): the handshake comes first, under the
+// request timeout (a peer that stalls or garbles it is cut off and counted, others are not
+// held up); a WRITE's payload is decrypted into a buffer of the connection and copied into
+// the pool under Land (the socket's readiness says nothing of what TLS holds decrypted);
+// answers are gathered into records of up to 16 KiB.
+template <bool kTls>
+class Connection : public std::enable_shared_from_this<Connection<kTls>> {
  public:
-  Connection(tcp::socket socket, ServerState& server)
-      : socket_(std::move(socket)), server_(server), timer_(socket_.get_executor()) {
+  using Stream = std::conditional_t<kTls, asio::ssl::stream<tcp::socket>, tcp::socket>;
+
+  // `tls` (kTls only) must outlive the connection: it is held here.
+  Connection(tcp::socket socket, ServerState& server, std::shared_ptr<asio::ssl::context> tls)
+      : socket_(MakeStream(std::move(socket), tls.get())),
+        tls_(std::move(tls)),
+        server_(server),
+        timer_(socket_.get_executor()) {
     server_.connections.fetch_add(1, std::memory_order_relaxed);
     boost::system::error_code ignored;
-    peer_ = absl::StrCat(socket_.remote_endpoint(ignored).address().to_string(ignored), ":",
-                         socket_.remote_endpoint(ignored).port());
+    peer_ = absl::StrCat(Socket().remote_endpoint(ignored).address().to_string(ignored), ":",
+                         Socket().remote_endpoint(ignored).port());
     answers_.reserve(kMaxAnswers);
     // The payload of a WRITE is read with non-blocking reads under its grant's lock.
-    socket_.non_blocking(true, ignored);
+    if constexpr (!kTls) Socket().non_blocking(true, ignored);
   }
   ~Connection() {
     EndReads();
@@ -65,7 +81,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  void Start() { Receive(); }
+  void Start() {
+    if constexpr (kTls) {
+      handshaking_ = true;
+      Arm(server_.options.request_timeout);
+      socket_.async_handshake(asio::ssl::stream_base::server,
+                              [self = this->shared_from_this()](boost::system::error_code ec) {
+                                self->OnHandshake(ec);
+                              });
+    } else {
+      Receive();
+    }
+  }
 
  private:
   // Bytes of requests read ahead; a round answers at most kMaxAnswers requests or
@@ -83,26 +110,58 @@ class Connection : public std::enable_shared_from_this<Connection> {
     LatencyHistogram* latency = nullptr;
   };
 
+  static Stream MakeStream(tcp::socket socket, asio::ssl::context* tls) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *tls);
+    } else {
+      return socket;
+    }
+  }
+
+  // The TCP socket (under the TLS stream, if any).
+  auto& Socket() { return socket_.lowest_layer(); }
+
   size_t Buffered() const { return end_ - begin_; }
+
+  // A peer that is not a TLS client of this CA (plaintext, a wrong certificate, garbage)
+  // fails here; it is counted and closed.
+  void OnHandshake(boost::system::error_code ec) {
+    handshaking_ = false;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;  // cut off by the timer
+      server_.rejected_handshake.fetch_add(1, std::memory_order_relaxed);
+      uint64_t suppressed = 0;
+      if (server_.reject_log.Allow(&suppressed)) {
+        KVPOOL_LOG(WARNING) << "TLS handshake with " << peer_ << " failed: " << ec.message()
+                            << "; closing the connection" << SuppressedNote(suppressed);
+      }
+      boost::system::error_code ignored;
+      Socket().close(ignored);
+      return;
+    }
+    Receive();
+  }
 
   // Closes the connection when `timeout` passes before the next Arm: idle between requests,
   // or a request (header, WRITE payload, answers) not done in time. Handlers of one
   // connection run on its strand, so this never races a read or write.
   void Arm(absl::Duration timeout) {
     timer_.expires_after(absl::ToChronoNanoseconds(timeout));
-    timer_.async_wait([weak = weak_from_this(), timeout](boost::system::error_code ec) {
+    timer_.async_wait([weak = this->weak_from_this(), timeout](boost::system::error_code ec) {
       std::shared_ptr<Connection> self = weak.lock();
       if (ec || self == nullptr) return;
       self->server_.closed_idle.fetch_add(1, std::memory_order_relaxed);
       uint64_t suppressed = 0;
       if (self->server_.close_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "closing data connection from " << self->peer_ << ": "
-                            << (self->Buffered() == 0 && !self->write_ ? "idle" : "a request not done")
+                            << (self->handshaking_ ? "TLS handshake not done"
+                                : self->Buffered() == 0 && !self->write_ ? "idle"
+                                                                          : "a request not done")
                             << " for " << timeout << SuppressedNote(suppressed);
       }
       self->EndReads();  // before the descriptor can be reused
       boost::system::error_code ignored;
-      self->socket_.close(ignored);
+      self->Socket().close(ignored);
     });
   }
 
@@ -121,16 +180,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
       end_ -= begin_;
       begin_ = 0;
     }
-    socket_.async_read_some(asio::buffer(input_.data() + end_, input_.size() - end_),
-                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                              self->OnReceive(ec, n);
-                            });
+    socket_.async_read_some(
+        asio::buffer(input_.data() + end_, input_.size() - end_),
+        [self = this->shared_from_this()](boost::system::error_code ec, size_t n) {
+          self->OnReceive(ec, n);
+        });
   }
 
   void OnReceive(boost::system::error_code ec, size_t n) {
     if (ec) {
       uint64_t suppressed = 0;
-      if ((ec != asio::error::eof || Buffered() != 0) && ec != asio::error::operation_aborted &&
+      // A TLS client that closes without close_notify between requests is a normal close too.
+      bool closed = ec == asio::error::eof || ec == asio::ssl::error::stream_truncated;
+      if ((!closed || Buffered() != 0) && ec != asio::error::operation_aborted &&
           server_.close_log.Allow(&suppressed)) {
         KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-request ("
                             << Buffered() << " bytes of a request): " << ec.message()
@@ -208,10 +270,59 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void AwaitPayload() {
-    socket_.async_wait(tcp::socket::wait_read,
-                       [self = shared_from_this()](boost::system::error_code ec) {
-                         self->OnReadable(ec);
-                       });
+    if constexpr (kTls) {
+      if (tls_payload_.empty()) tls_payload_.resize(kTlsPayloadBytes);
+      size_t want = std::min<uint64_t>(tls_payload_.size(), request_.length - written_);
+      socket_.async_read_some(asio::buffer(tls_payload_.data(), want),
+                              [self = this->shared_from_this()](boost::system::error_code ec,
+                                                                size_t n) {
+                                self->OnTlsPayload(ec, n);
+                              });
+    } else {
+      Socket().async_wait(tcp::socket::wait_read,
+                          [self = this->shared_from_this()](boost::system::error_code ec) {
+                            self->OnReadable(ec);
+                          });
+    }
+  }
+
+  // TLS: `n` decrypted bytes of the payload are in tls_payload_; they land while the grant
+  // is open.
+  void OnTlsPayload(boost::system::error_code ec, size_t n) {
+    if (n > 0) {
+      uint8_t* range = server_.pool.data() + request_.offset + written_;
+      bool landed = write_->Land([&] {
+        std::memcpy(range, tls_payload_.data(), n);
+        if (hash_writes_) hash_.Update(range, n);
+      });
+      if (!landed) {
+        GrantEnded();
+        Flush();
+        return;
+      }
+      written_ += n;
+    }
+    if (ec && written_ < request_.length) {
+      PayloadBroken(ec);
+      return;
+    }
+    if (written_ < request_.length) {
+      AwaitPayload();
+      return;
+    }
+    WriteDone(request_.length);
+    Process();
+  }
+
+  void PayloadBroken(boost::system::error_code ec) {
+    uint64_t suppressed = 0;
+    if (server_.close_log.Allow(&suppressed)) {
+      KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write (" << written_
+                          << " of " << request_.length << " bytes): " << ec.message()
+                          << SuppressedNote(suppressed);
+    }
+    server_.grants.EndWrite(write_);
+    write_.reset();
   }
 
   // Moves what has arrived of the payload into the pool, while the grant is open.
@@ -236,14 +347,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       written_ += n;
     }
     if (ec) {
-      uint64_t suppressed = 0;
-      if (server_.close_log.Allow(&suppressed)) {
-        KVPOOL_LOG(WARNING) << "data connection from " << peer_ << " closed mid-write ("
-                            << written_ << " of " << request_.length
-                            << " bytes): " << ec.message() << SuppressedNote(suppressed);
-      }
-      server_.grants.EndWrite(write_);
-      write_.reset();
+      PayloadBroken(ec);
       return;
     }
     WriteDone(request_.length);
@@ -293,7 +397,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // Should the grant end while the answer is sent straight from the pool, the socket is
       // shut down at once: no byte leaves the range after the segment applied the end.
       absl::StatusOr<uint64_t> read =
-          server_.grants.BeginRead(request_, absl::Now(), [fd = socket_.native_handle()] {
+          server_.grants.BeginRead(request_, absl::Now(), [fd = Socket().native_handle()] {
             ::shutdown(fd, SHUT_RDWR);
           });
       granted = read.status();
@@ -388,16 +492,56 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Arm(server_.options.request_timeout);  // a peer that does not read its answers is cut off
     request_armed_ = false;
     gather_.clear();
-    for (const Answer& answer : answers_) {
-      gather_.push_back(asio::buffer(answer.header));
-      if (answer.length == 0) continue;
-      gather_.push_back(answer.extra.empty() ? asio::buffer(answer.data, answer.length)
-                                             : asio::buffer(answer.extra));
+    if constexpr (kTls) {
+      GatherRecords();
+    } else {
+      for (const Answer& answer : answers_) {
+        gather_.push_back(asio::buffer(answer.header));
+        if (answer.length == 0) continue;
+        gather_.push_back(answer.extra.empty() ? asio::buffer(answer.data, answer.length)
+                                               : asio::buffer(answer.extra));
+      }
     }
     asio::async_write(socket_, gather_,
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                      [self = this->shared_from_this()](boost::system::error_code ec, size_t) {
                         self->OnFlushed(ec);
                       });
+  }
+
+  // TLS writes one record per buffer: headers and small answers are copied together into
+  // runs of up to kRecordBytes, large READ data is sent from the pool.
+  void GatherRecords() {
+    auto small = [](size_t length) { return length < kRecordBytes / 4; };
+    size_t copied = 0;
+    for (const Answer& answer : answers_) {
+      copied += answer.header.size() + (small(answer.length) ? answer.length : 0);
+    }
+    tls_out_.clear();
+    tls_out_.reserve(copied);  // no reallocation below: the buffers point into it
+    size_t run = 0;            // where the run being gathered begins in tls_out_
+    auto end_run = [&] {
+      if (tls_out_.size() > run) gather_.push_back(asio::buffer(tls_out_.data() + run,
+                                                               tls_out_.size() - run));
+      run = tls_out_.size();
+    };
+    auto copy = [&](const uint8_t* data, size_t length) {
+      if (tls_out_.size() - run + length > kRecordBytes) end_run();
+      tls_out_.insert(tls_out_.end(), data, data + length);
+    };
+    for (const Answer& answer : answers_) {
+      copy(answer.header.data(), answer.header.size());
+      if (answer.length == 0) continue;
+      const uint8_t* data = answer.extra.empty()
+                                ? answer.data
+                                : reinterpret_cast<const uint8_t*>(answer.extra.data());
+      if (small(answer.length)) {
+        copy(data, answer.length);
+      } else {
+        end_run();
+        gather_.push_back(asio::buffer(data, answer.length));
+      }
+    }
+    end_run();
   }
 
   // The reads of the last round are sent (or the connection failed): their grants may end.
@@ -416,14 +560,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (ec) return;
     if (closing_) {
       boost::system::error_code ignored;
-      socket_.shutdown(tcp::socket::shutdown_both, ignored);
-      socket_.close(ignored);
+      Socket().shutdown(tcp::socket::shutdown_both, ignored);
+      Socket().close(ignored);
       return;
     }
     Process();
   }
 
-  tcp::socket socket_;
+  // TLS: decrypted WRITE payload on its way into the pool; gathered answers.
+  static constexpr size_t kTlsPayloadBytes = 256 << 10;
+  static constexpr size_t kRecordBytes = 16 << 10;
+
+  Stream socket_;
+  const std::shared_ptr<asio::ssl::context> tls_;
+  std::vector<uint8_t> tls_payload_;
+  std::vector<uint8_t> tls_out_;
+  bool handshaking_ = false;
   ServerState& server_;
   std::string peer_;
   std::array<uint8_t, kInputBytes> input_{};
@@ -454,8 +606,14 @@ struct DataServer::Impl {
       : state(pool, std::move(secret), options) {}
 
   void Accept();
+  // The Asio context for the next TLS connection: TlsContextSource's current one (a new
+  // wrapper only when that changed, after a certificate rotation).
+  std::shared_ptr<asio::ssl::context> TlsContext();
 
   ServerState state;
+  std::shared_ptr<TlsContextSource> tls;
+  std::shared_ptr<SSL_CTX> tls_native;  // what tls_context wraps
+  std::shared_ptr<asio::ssl::context> tls_context;
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer backoff{io};
@@ -498,10 +656,24 @@ void DataServer::Impl::Accept() {
         socket.set_option(asio::socket_base::send_buffer_size(bytes), ignored);
         socket.set_option(asio::socket_base::receive_buffer_size(bytes), ignored);
       }
-      std::make_shared<Connection>(std::move(socket), state)->Start();
+      if (tls != nullptr) {
+        std::make_shared<Connection<true>>(std::move(socket), state, TlsContext())->Start();
+      } else {
+        std::make_shared<Connection<false>>(std::move(socket), state, nullptr)->Start();
+      }
     }
     Accept();
   });
+}
+
+std::shared_ptr<asio::ssl::context> DataServer::Impl::TlsContext() {
+  std::shared_ptr<SSL_CTX> current = tls->Current();
+  if (current != tls_native) {
+    SSL_CTX_up_ref(current.get());  // the Asio context frees its reference
+    tls_context = std::make_shared<asio::ssl::context>(current.get());
+    tls_native = std::move(current);
+  }
+  return tls_context;
 }
 
 DataServer::DataServer(const MemoryPool& pool, std::string token_secret, DataServerOptions options)
@@ -513,6 +685,11 @@ const GrantTable& DataServer::grants() const { return impl_->state.grants; }
 DataServer::~DataServer() { Stop(); }
 
 absl::StatusOr<uint16_t> DataServer::Start(const std::string& address) {
+  if (const std::optional<ServerTlsOptions>& options = impl_->state.options.tls) {
+    absl::StatusOr<std::shared_ptr<TlsContextSource>> tls = TlsContextSource::ForServer(*options);
+    if (!tls.ok()) return tls.status();
+    impl_->tls = *std::move(tls);
+  }
   absl::StatusOr<uint16_t> port = Listen(impl_->acceptor, address, "data");
   if (!port.ok()) return port.status();
   impl_->Accept();
@@ -545,10 +722,11 @@ DataServer::Stats DataServer::stats() const {
   stats.rejected_connection_cap = s.rejected_connection_cap.load();
   stats.closed_idle = s.closed_idle.load();
   stats.accept_errors = s.accept_errors.load();
+  stats.rejected_handshake = s.rejected_handshake.load();
   stats.connections = static_cast<uint64_t>(std::max<int64_t>(0, s.connections.load()));
   stats.rejected = stats.rejected_malformed + stats.rejected_range + stats.rejected_token +
                    stats.rejected_expired + stats.rejected_ended + stats.rejected_busy +
-                   stats.rejected_connection_cap;
+                   stats.rejected_connection_cap + stats.rejected_handshake;
   stats.read_latency = s.read_latency.Snapshot();
   stats.write_latency = s.write_latency.Snapshot();
   return stats;

@@ -10,12 +10,14 @@
 // no further byte is stored; each byte that lands is hashed as it lands (checksum_writes).
 // A request that fails a check, or a header that does not decode,
 // gets an error response with the reason and the connection is closed; other connections are
-// unaffected. Thread-safe.
+// unaffected. With DataServerOptions::tls the connections are TLS (the handshake first, under
+// request_timeout); a peer that fails the handshake is closed and counted. Thread-safe.
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/latency_histogram.h"
+#include "proto/tls.h"
 #include "rdma/rdma_device.h"
 #include "server/segment/grant_table.h"
 #include "server/segment/memory_pool.h"
@@ -55,6 +58,9 @@ struct DataServerOptions {
   bool checksum_writes = true;
   // Creates a queue pair for a client's RDMA connect; unset: RDMA is off on this segment.
   std::function<absl::StatusOr<RdmaAccept>(const rdma::QueuePairInfo& client)> rdma_accept;
+  // TLS on every connection (proto/data_tls.h: the files reloaded on change); with
+  // client_ca_file clients are asked for certificates of that CA. Unset: plaintext.
+  std::optional<ServerTlsOptions> tls;
 };
 
 class DataServer {
@@ -66,7 +72,8 @@ class DataServer {
   DataServer(const DataServer&) = delete;
   DataServer& operator=(const DataServer&) = delete;
 
-  // Listens on "ip:port" (port 0: any free port) and returns the bound port.
+  // Listens on "ip:port" (port 0: any free port) and returns the bound port. InvalidArgument
+  // for TLS files that do not load.
   absl::StatusOr<uint16_t> Start(const std::string& address);
   void Stop();
 
@@ -87,6 +94,7 @@ class DataServer {
     uint64_t rejected_ended = 0;  // the grant was ended by the master (or a new term)
     uint64_t rejected_busy = 0;   // the range is busy with another grant's shm write
     uint64_t rejected_connection_cap = 0;  // connections refused: max_connections reached
+    uint64_t rejected_handshake = 0;       // connections whose TLS handshake failed
     uint64_t closed_idle = 0;              // connections closed: idle or too slow
     uint64_t accept_errors = 0;            // accept failed (EMFILE, ...): backed off
     uint64_t connections = 0;              // open now

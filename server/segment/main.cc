@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 
 #include <openssl/crypto.h>
@@ -19,6 +20,7 @@
 #include "common/net.h"
 #include "common/size.h"
 #include "proto/channel.h"
+#include "proto/master_link_flags.h"
 #include "proto/tls.h"
 #include "server/common/exposure.h"
 #include "server/common/http_server.h"
@@ -72,18 +74,16 @@ ABSL_FLAG(bool, hash_shm_commits, false,
 ABSL_FLAG(bool, require_token, true,
           "Serve only ranges granted by the master's capability tokens (turn off only in "
           "benchmarks of the raw data plane)");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA of the master's certificate: TLS to the master on (the token secret of each "
-          "mount travels inside it)");
-ABSL_FLAG(std::string, tls_cert, "", "This segment's PEM certificate, for mutual TLS");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name to check the master's certificate against (default: the host of --master)");
-ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
-          "How often the TLS files are checked for replacement (certificate rotation)");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token the master knows this segment by (its identity must "
-          "be --name)");
+// --tls-ca, --tls-cert, --tls-key, --tls-server-name, --tls-reload-interval, --auth-token-file:
+// proto/tls_flags.h and proto/master_link_flags.h.
+ABSL_FLAG(bool, data_tls, false,
+          "Serve the TCP data port over TLS, with --tls-cert/--tls-key as this segment's "
+          "certificate (clients verify it against their --tls-ca; shared memory and RDMA are "
+          "not affected). Needs TLS to the master (--tls-ca) too");
+ABSL_FLAG(std::string, data_tls_client_ca, "",
+          "With --data-tls: ask data-plane clients for a certificate of this CA (mutual TLS)");
+ABSL_FLAG(bool, data_tls_require_client_cert, false,
+          "With --data-tls-client-ca: refuse data-plane clients without a certificate");
 ABSL_FLAG(std::string, http_token_file, "",
           "File holding the bearer token that /metrics needs (e.g. Prometheus's reader token; "
           "/healthz and /readyz stay open); empty: no token asked");
@@ -99,6 +99,24 @@ std::string TokenDigest(const std::string& token) {
          reinterpret_cast<unsigned char*>(digest.data()));
   return digest;
 }
+
+// Pages refused by --http-token-file, as the master counts its own (surface="http").
+struct HttpRefusals {
+  std::atomic<uint64_t> no_credentials{0};
+  std::atomic<uint64_t> unknown_token{0};
+
+  std::vector<prometheus::MetricFamily> Collect() const {
+    kvpool::MetricFamilies families;
+    for (auto [reason, count] : {std::pair{"no_credentials", no_credentials.load()},
+                                 std::pair{"unknown_token", unknown_token.load()}}) {
+      families.Counter("kvpool_auth_refusals_total",
+                       "HTTP pages refused for want of the --http-token-file token, by reason.",
+                       static_cast<double>(count),
+                       {{"surface", "http"}, {"method", "GET"}, {"reason", reason}});
+    }
+    return families.Take();
+  }
+};
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "kvpool-segment: %s\n", std::string(status.message()).c_str());
@@ -128,19 +146,31 @@ int main(int argc, char** argv) {
                   .idle_timeout = absl::GetFlag(FLAGS_idle_timeout),
                   .request_timeout = absl::GetFlag(FLAGS_request_timeout)};
   options.master_address = absl::GetFlag(FLAGS_master);
-  options.master_tls = {.ca_file = absl::GetFlag(FLAGS_tls_ca),
-                        .cert_file = absl::GetFlag(FLAGS_tls_cert),
-                        .key_file = absl::GetFlag(FLAGS_tls_key),
-                        .server_name = absl::GetFlag(FLAGS_tls_server_name),
-                        .reload_interval = absl::GetFlag(FLAGS_tls_reload_interval)};
+  options.master_tls = kvpool::GetMasterLinkTlsFlags(/*environment=*/false);
   if (absl::Status tls = kvpool::ValidateClientTls(options.master_tls); !tls.ok()) {
     return Fail(tls);
   }
-  if (std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    absl::StatusOr<std::string> token = kvpool::ReadTokenFile(path);
-    if (!token.ok()) return Fail(token.status());
-    options.master_auth_token = *std::move(token);
+  if (absl::GetFlag(FLAGS_data_tls)) {
+    if (!options.master_tls.enabled() || options.master_tls.cert_file.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--data-tls needs --tls-cert and --tls-key (this segment's certificate) and --tls-ca "
+          "(TLS to the master: the token secret the data plane checks comes over it)"));
+    }
+    kvpool::ServerTlsOptions tls{
+        .cert_file = options.master_tls.cert_file,
+        .key_file = options.master_tls.key_file,
+        .client_ca_file = absl::GetFlag(FLAGS_data_tls_client_ca),
+        .require_client_cert = absl::GetFlag(FLAGS_data_tls_require_client_cert),
+        .reload_interval = options.master_tls.reload_interval};
+    if (absl::Status valid = kvpool::ValidateServerTls(tls); !valid.ok()) return Fail(valid);
+    options.data.tls = tls;
+  } else if (!absl::GetFlag(FLAGS_data_tls_client_ca).empty() ||
+             absl::GetFlag(FLAGS_data_tls_require_client_cert)) {
+    return Fail(absl::InvalidArgumentError("--data-tls-client-ca needs --data-tls"));
   }
+  absl::StatusOr<std::string> token = kvpool::GetAuthTokenFlag(/*environment=*/false);
+  if (!token.ok()) return Fail(token.status());
+  options.master_auth_token = *std::move(token);
   {
     // A segment is as safe as its master link: its grants come only over it.
     absl::StatusOr<kvpool::ExposureVerdict> verdict = kvpool::CheckExposure(
@@ -179,20 +209,23 @@ int main(int argc, char** argv) {
   kvpool::segment::Segment& segment = **started;
 
   kvpool::HttpServer http;
+  HttpRefusals http_refusals;
   if (std::string path = absl::GetFlag(FLAGS_http_token_file); !path.empty()) {
     absl::StatusOr<std::string> token = kvpool::ReadTokenFile(path);
     if (!token.ok()) return Fail(token.status());
     // Compared as SHA-256 digests in constant time: no timing tells how much of a guess was
     // right.
     http.SetGate(
-        [digest = TokenDigest(*token)](
+        [digest = TokenDigest(*token), &http_refusals](
             const kvpool::HttpRequest& request) -> std::optional<kvpool::HttpResponse> {
           if (!request.bearer_token) {
+            http_refusals.no_credentials.fetch_add(1, std::memory_order_relaxed);
             return kvpool::HttpRefusal(absl::UnauthenticatedError(
                 "HTTP refused: send \"Authorization: Bearer <token>\" (--http-token-file)"));
           }
           std::string presented = TokenDigest(*request.bearer_token);
           if (CRYPTO_memcmp(presented.data(), digest.data(), digest.size()) != 0) {
+            http_refusals.unknown_token.fetch_add(1, std::memory_order_relaxed);
             return kvpool::HttpRefusal(absl::UnauthenticatedError("HTTP refused: unknown token"));
           }
           return std::nullopt;
@@ -202,9 +235,13 @@ int main(int argc, char** argv) {
   http.Handle("/healthz", [](const kvpool::HttpRequest&) {
     return kvpool::HttpResponse{200, "text/plain", "ok\n"};
   });
-  http.Handle("/metrics", [&segment](const kvpool::HttpRequest&) {
+  http.Handle("/metrics", [&segment, &http_refusals](const kvpool::HttpRequest&) {
+    std::vector<prometheus::MetricFamily> families = CollectSegmentMetrics(segment);
+    for (prometheus::MetricFamily& family : http_refusals.Collect()) {
+      families.push_back(std::move(family));
+    }
     return kvpool::HttpResponse{200, "text/plain; version=0.0.4",
-                                kvpool::SerializeMetrics(CollectSegmentMetrics(segment))};
+                                kvpool::SerializeMetrics(families)};
   });
   http.Handle("/readyz", [&segment](const kvpool::HttpRequest&) {
     return segment.mounted() ? kvpool::HttpResponse{200, "text/plain", "mounted\n"}

@@ -34,6 +34,7 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
                                std::pair{"grant_ended", tcp.rejected_ended},
                                std::pair{"busy", tcp.rejected_busy},
                                std::pair{"connection_cap", tcp.rejected_connection_cap},
+                               std::pair{"tls_handshake", tcp.rejected_handshake},
                                std::pair{"timeout", tcp.closed_idle}}) {
     families.Counter("kvpool_data_rejected_total", kRejected, static_cast<double>(count),
                      {{"reason", reason}});

@@ -80,6 +80,11 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+  // TLS on the TCP data connections too (segments started with --data-tls; all of this
+  // pool's segments must be): each segment's certificate is verified against tls_ca_file and
+  // its name against the host the segment advertises; tls_cert_file/tls_key_file are
+  // presented for mutual TLS. Shared memory and RDMA are not affected.
+  bool data_tls = false;
   // Bearer token the master knows this client by (a "token" rule of its --auth-tokens file):
   // sets this client's role and tenant. Empty: none (a certificate, or no authentication).
   std::string auth_token;
