@@ -185,6 +185,12 @@ Master::HeartbeatReply Master::Heartbeat(const std::string& name, uint64_t incar
   return reply;
 }
 
+absl::Status Master::ReportBusyRanges(SegmentId id, absl::Span<const wire::ByteRange> busy) {
+  std::shared_ptr<MountedSegment> segment = segments_.Get(id);
+  if (segment == nullptr) return absl::NotFoundError("the segment is no longer mounted");
+  return segment->ReportBusy(busy);
+}
+
 absl::Status Master::DrainSegment(const std::string& name, bool migrate) {
   std::shared_ptr<MountedSegment> segment = segments_.FindByName(name);
   if (segment == nullptr) {
@@ -764,6 +770,7 @@ ClusterSummary Master::GetClusterSummary() const {
     s.machine_id = segment->info().machine_id;
     s.capacity_bytes = segment->allocator().capacity();
     s.used_bytes = segment->allocator().used();
+    s.busy_bytes = segment->allocator().held();
     s.replicas = segment->replica_count();
     s.embedded = segment->info().embedded;
     s.draining = segment->draining();

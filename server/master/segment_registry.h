@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/busy_ranges.h"
 #include "server/master/range_allocator.h"
 
 namespace kvpool::master {
@@ -42,6 +43,10 @@ struct SegmentInfo {
   std::function<void(uint64_t grant, bool writes_only, absl::Time until)> end_grant;
   // It will report a manifest (RestoreManifest): take no new objects until it has.
   bool restoring = false;
+  // Ranges it holds busy (late shared-memory writes): held out of its allocator from the
+  // mount on (once the manifest is restored, when restoring), until a heartbeat's report
+  // replaces them (MountedSegment::ReportBusy). At most wire::kMaxBusyRanges, in the pool.
+  std::vector<wire::ByteRange> busy;
 };
 
 class MountedSegment {
@@ -77,7 +82,12 @@ class MountedSegment {
     return absl::FromUnixNanos(mover_deadline_ns_.load(std::memory_order_acquire)) > now;
   }
   bool restoring() const { return restoring_.load(std::memory_order_acquire); }
-  void FinishRestoring() { restoring_.store(false, std::memory_order_release); }
+  // The manifest is restored: takes new objects, and holds the busy ranges of its mount.
+  void FinishRestoring();
+  // The segment's busy ranges now (its heartbeat's report): its allocator hands out no byte
+  // of them until a report no longer lists it. InvalidArgument for a report of more than
+  // wire::kMaxBusyRanges ranges or one outside the pool (nothing changes then).
+  absl::Status ReportBusy(absl::Span<const wire::ByteRange> busy);
   bool accepts_writes() const { return !removed() && !draining() && !restoring(); }
   void MarkRemoved() { removed_.store(true, std::memory_order_release); }
 

@@ -18,6 +18,15 @@ namespace {
 // Manifest records per RestoreManifest call.
 constexpr size_t kRestoreChunk = 4096;
 
+void AddBusyRanges(const std::vector<wire::ByteRange>& busy,
+                   google::protobuf::RepeatedPtrField<v1::ByteRange>* out) {
+  for (const wire::ByteRange& range : busy) {
+    v1::ByteRange* added = out->Add();
+    added->set_offset(range.offset);
+    added->set_length(range.length);
+  }
+}
+
 }  // namespace
 
 MasterLink::MasterLink(MasterLinkOptions options, Manifest& manifest, GrantTable& grants)
@@ -117,6 +126,10 @@ absl::Status MasterLink::Mount() {
   request.set_manifest_objects(entries.size());
   request.set_shm_socket(options_.shm_socket);
   request.set_machine_id(MachineId());
+  // None of the shared-memory writes in flight is of this master's grants (a new term ends
+  // them all once the manifest is reported): it places nothing in their ranges until a
+  // heartbeat no longer lists them.
+  AddBusyRanges(grants_.BusyRanges(/*every_shm_write=*/true), request.mutable_busy_ranges());
   v1::MountSegmentResponse response;
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
@@ -196,6 +209,9 @@ absl::Status MasterLink::Heartbeat() {
   request.set_incarnation(options_.incarnation);
   request.set_acked_seq(acked_seq_);
   for (uint64_t seq : refused_seqs_) request.add_refused_seqs(seq);
+  // With the acknowledgement of the FORGET that left a range busy, so the master holds the
+  // range before it would free it.
+  AddBusyRanges(grants_.BusyRanges(), request.mutable_busy_ranges());
   request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
