@@ -111,10 +111,17 @@ absl::Status Master::MountSegment(SegmentInfo info) {
     if (!segment.info().embedded) {
       manifest_sync_.Track(segment.id());
     } else if (segment.info().end_grant) {
-      manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant](
-                                                  const ManifestRecord& record) {
+      // The record's range is freed right after this (AppendThen): a late shared-memory
+      // write it leaves busy is held first, as a heartbeat's report would be.
+      std::weak_ptr<MountedSegment> weak = mounted->segment;
+      manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant,
+                                               busy = segment.info().busy_ranges,
+                                               weak](const ManifestRecord& record) {
         end(record.grant, /*writes_only=*/record.kind == ManifestRecord::Kind::kAdd,
             record.until);
+        if (std::shared_ptr<MountedSegment> held = weak.lock(); held && busy) {
+          held->ReportBusy(busy()).IgnoreError();  // its own, within bounds
+        }
       });
     }
     KVPOOL_LOG(INFO) << "mounted segment " << name << " (" << segment.allocator().capacity()
@@ -189,6 +196,14 @@ absl::Status Master::ReportBusyRanges(SegmentId id, absl::Span<const wire::ByteR
   std::shared_ptr<MountedSegment> segment = segments_.Get(id);
   if (segment == nullptr) return absl::NotFoundError("the segment is no longer mounted");
   return segment->ReportBusy(busy);
+}
+
+void Master::RefreshEmbeddedBusy() {
+  for (const std::shared_ptr<MountedSegment>& segment : segments_.List()) {
+    if (segment->info().embedded && segment->info().busy_ranges) {
+      segment->ReportBusy(segment->info().busy_ranges()).IgnoreError();
+    }
+  }
 }
 
 absl::Status Master::DrainSegment(const std::string& name, bool migrate) {

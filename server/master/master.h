@@ -221,6 +221,9 @@ class Master {
   // the same heartbeat is held, never handed out. NotFound for a segment no longer mounted,
   // InvalidArgument for a bad report (see MountedSegment::ReportBusy).
   absl::Status ReportBusyRanges(SegmentId segment, absl::Span<const wire::ByteRange> busy);
+  // Asks each embedded segment for its busy ranges (SegmentInfo::busy_ranges), as a
+  // heartbeat would report them. Called every second.
+  void RefreshEmbeddedBusy();
   // Stops placing objects on a segment; once nothing on it is leased or being written, its
   // replicas are dropped and it is unmounted (FinishDrains). With `migrate`, that waits for a
   // mover to copy its objects elsewhere first (MigrateStart, MigrateEnd), as long as the mover

@@ -958,6 +958,33 @@ TEST_F(MasterTest, EmbeddedSegmentsKeepNoManifest) {
   EXPECT_TRUE(master_.BatchPutEnd({PutRef{"k", started.put_id}}).ticket.empty());
 }
 
+// An embedded segment has no heartbeat: its busy ranges are asked for as each grant ends
+// (before the range is freed) and every second (RefreshEmbeddedBusy).
+TEST_F(MasterTest, EmbeddedSegmentsBusyRangesAreHeldUntilNoLongerBusy) {
+  SegmentInfo info = Segment("e", 1 << 20);
+  info.embedded = true;
+  std::vector<wire::ByteRange> busy;
+  std::optional<uint64_t> late_grant;
+  info.end_grant = [&](uint64_t, bool, absl::Time) {
+    if (late_grant) busy = {{*late_grant, 4096}};  // its writer is still copying
+  };
+  info.busy_ranges = [&] { return busy; };
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  PutStartResult late = PutStart("late", 4096);
+  late_grant = late.placements[0].offset;
+  ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"late", late.put_id}})[0].ok());
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 4096u);
+  late_grant.reset();
+  PutStartResult next = PutStart("next", 4096);
+  EXPECT_NE(next.placements[0].offset, late.placements[0].offset);
+  // The writer is done: the next refresh lets the range go.
+  busy.clear();
+  master_.RefreshEmbeddedBusy();
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 0u);
+  PutStartResult again = PutStart("again", 4096);
+  EXPECT_EQ(again.placements[0].offset, late.placements[0].offset);
+}
+
 }  // namespace
 }  // namespace kvpool::master
 

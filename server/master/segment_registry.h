@@ -41,6 +41,10 @@ struct SegmentInfo {
   // For an embedded segment: ends a grant on it (all of it, or its writes only), remembered
   // until `until`. Called as the master ends grants.
   std::function<void(uint64_t grant, bool writes_only, absl::Time until)> end_grant;
+  // For an embedded segment: the ranges it holds busy now (GrantTable::BusyRanges), asked
+  // after each grant it is told to end and every second (Master::RefreshEmbeddedBusy), in
+  // place of a heartbeat's report.
+  std::function<std::vector<wire::ByteRange>()> busy_ranges;
   // It will report a manifest (RestoreManifest): take no new objects until it has.
   bool restoring = false;
   // Ranges it holds busy (late shared-memory writes): held out of its allocator from the
