@@ -17,6 +17,8 @@ namespace {
 
 // Manifest records per RestoreManifest call.
 constexpr size_t kRestoreChunk = 4096;
+// Deadline of a heartbeat sent after a failed one (answered at once, see Heartbeat).
+constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 
 void AddBusyRanges(const std::vector<wire::ByteRange>& busy,
                    google::protobuf::RepeatedPtrField<v1::ByteRange>* out) {
@@ -212,7 +214,13 @@ absl::Status MasterLink::Heartbeat() {
   // With the acknowledgement of the FORGET that left a range busy, so the master holds the
   // range before it would free it.
   AddBusyRanges(grants_.BusyRanges(), request.mutable_busy_ranges());
-  request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
+  // After a failed heartbeat the next ones are probes: answered at once (no long poll) within
+  // a short deadline, so a healed control path is found within about a second, not after a
+  // held poll into a dead connection runs out its whole deadline. (Among several masters a
+  // failure moves on to another master instead, see below.)
+  const bool probe = last_heartbeat_failed_ && locator_->single();
+  const absl::Duration hold = probe ? absl::ZeroDuration() : heartbeat_interval_;
+  request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(hold)));
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
@@ -221,7 +229,8 @@ absl::Status MasterLink::Heartbeat() {
   absl::Duration grace = locator_->single()
                              ? options_.rpc_timeout
                              : std::min(options_.rpc_timeout, absl::Milliseconds(1500));
-  context.set_deadline(absl::ToChronoTime(absl::Now() + heartbeat_interval_ + grace));
+  if (probe) grace = std::min(grace, kProbeTimeout);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + hold + grace));
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -250,11 +259,17 @@ absl::Status MasterLink::Heartbeat() {
         MoveOn("");
         return Mount();
       }
+    } else {
+      // The one master: a fresh channel for the next probe. The failed one would sit out
+      // gRPC's reconnect backoff on a connection that a healed path no longer carries.
+      locator_->Failed(master, "");
     }
+    last_heartbeat_failed_ = true;
     return absl::UnavailableError(absl::StrCat("heartbeat to master ", master,
                                                " failed: ", status.error_message()));
   }
   heartbeat_failures_ = 0;
+  last_heartbeat_failed_ = false;
   if (absl::Status current = CheckTerm(master, response.term()); !current.ok()) {
     KVPOOL_LOG(WARNING) << current.message();
     MoveOn("");
