@@ -1,6 +1,7 @@
 #include "kvpool/client.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -173,6 +174,13 @@ struct Client::Impl {
   // Metrics (ClientMetrics, MetricsText): whole calls, and the bytes of the keys that made it.
   LatencyHistogram put_latency;
   LatencyHistogram get_latency;
+  // A put's phases (kvpool_client_put_phase_seconds{phase}), to tell where a slow put spent
+  // its time: mapping local pools, BatchPutStart, moving the bytes, waiting for the
+  // checksums after that, BatchPutEnd (durable commit, retries included).
+  enum PutPhase { kMapPools, kReserve, kWrite, kChecksumWait, kCommit, kPutPhases };
+  static constexpr const char* kPutPhaseNames[kPutPhases] = {"map_pools", "reserve", "write",
+                                                             "checksum_wait", "commit"};
+  std::array<LatencyHistogram, kPutPhases> put_phases;
   std::atomic<uint64_t> bytes_put{0};
   std::atomic<uint64_t> bytes_got{0};
   std::atomic<uint64_t> location_cache_hits{0};
@@ -214,6 +222,12 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
                      impl.put_latency.Snapshot());
   families.Histogram("kvpool_client_get_duration_seconds", "Time of a client's get calls.",
                      impl.get_latency.Snapshot());
+  for (int phase = 0; phase < Client::Impl::kPutPhases; ++phase) {
+    families.Histogram("kvpool_client_put_phase_seconds",
+                       "Time of each phase of a client's put calls.",
+                       impl.put_phases[phase].Snapshot(),
+                       {{"phase", Client::Impl::kPutPhaseNames[phase]}});
+  }
   families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
                    static_cast<double>(impl.bytes_put.load()), {{"op", "put"}});
   families.Counter("kvpool_client_bytes_total", "Bytes a client stored and read.",
@@ -490,7 +504,14 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   // Pools of this machine's segments are mapped before any space is reserved: mapping (and
   // populating) a large pool can take longer than a reservation lasts, and a write whose
   // token expired meanwhile is refused (its intent would be LEASE_EXPIRED).
+  absl::Time phase_start = absl::Now();
+  auto phase_done = [&](PutPhase phase) {
+    absl::Time now = absl::Now();
+    put_phases[phase].Observe(now - phase_start);
+    phase_start = now;
+  };
   MapKnownLocalPools();
+  phase_done(kMapPools);
 
   // Step P1: reserve space.
   client::PutStartRequest start{.replicas = options.replicas,
@@ -507,6 +528,7 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
         [](uint64_t sum, const ConstBuffer& b) { return sum + b.size; }));
   }
   absl::StatusOr<std::vector<client::Reservation>> reserved = master->BatchPutStart(start);
+  phase_done(kReserve);
   if (!reserved.ok()) return std::vector<absl::Status>(n, reserved.status());
 
   // Step P2: write every replica straight from the caller's buffers.
@@ -528,8 +550,12 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   }
   // The checksums are computed (on put_hasher) while the bytes move (on this thread).
   std::vector<uint64_t> checksums;
-  put_hasher.Run({[&] { transport->Execute(absl::MakeSpan(ops), TransferDeadline()); },
+  put_hasher.Run({[&] {
+                    transport->Execute(absl::MakeSpan(ops), TransferDeadline());
+                    phase_done(kWrite);
+                  },
                   [&] { checksums = Checksums(gathered); }});
+  phase_done(kChecksumWait);
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!ops[k].status.ok() && results[owners[k]].ok()) results[owners[k]] = ops[k].status;
   }
@@ -573,6 +599,7 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
     end = std::move(retry);
     committed = std::move(again);
   }
+  phase_done(kCommit);
   if (!revoke.empty()) {
     // Best effort: a reservation that is not revoked expires on the master by itself.
     (void)master->BatchPutRevoke(revoke);

@@ -203,6 +203,22 @@ class AttackTest : public ::testing::Test {
   // (which waits for the segment to apply the grant's end).
   uint64_t Used() { return client_->GetClusterStatus().value().used_bytes; }
 
+  // Bytes the master keeps out of its allocator because the segment reports them busy.
+  uint64_t MasterBusy() {
+    v1::GetClusterStatusRequest request;
+    v1::GetClusterStatusResponse response;
+    grpc::ClientContext context;
+    if (!stub_->GetClusterStatus(&context, request, &response).ok()) return ~uint64_t{0};
+    uint64_t busy = 0;
+    for (const v1::SegmentStatus& segment : response.segments()) busy += segment.busy_bytes();
+    return busy;
+  }
+
+  // Puts `count` fresh keys of kSize through the default client: each is acknowledged, reads
+  // back, and lies outside [offset, offset + length). Returns the offsets they got.
+  std::vector<uint64_t> PutOutside(const std::string& prefix, int count, uint64_t offset,
+                                   uint64_t length, int seed);
+
   uint64_t Metric(const std::string& name_and_labels) {
     return MetricOf(segment_.http, name_and_labels);
   }
@@ -226,6 +242,29 @@ class AttackTest : public ::testing::Test {
 };
 
 constexpr uint64_t kSize = 256 << 10;
+
+std::vector<uint64_t> AttackTest::PutOutside(const std::string& prefix, int count,
+                                             uint64_t offset, uint64_t length, int seed) {
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < count; ++i) {
+    std::string key = absl::StrCat(prefix, i);
+    const std::string value = testing::RandomValue(kSize, seed + i);
+    absl::Status put = client_->Put(key, value);
+    EXPECT_TRUE(put.ok()) << key << ": " << put;
+    v1::GetResult where = Locate(key);
+    if (where.replicas_size() == 0) {
+      ADD_FAILURE() << key << " has no replica";
+      continue;
+    }
+    uint64_t at = where.replicas(0).offset();
+    EXPECT_TRUE(at + kSize <= offset || offset + length <= at)
+        << key << " placed at " << at << ", inside the busy range [" << offset << ", +"
+        << length << ")";
+    EXPECT_TRUE(client_->Get(key).value_or("") == value) << key;
+    offsets.push_back(at);
+  }
+  return offsets;
+}
 
 // A write token kept after its reservation was revoked: the range now holds someone else's
 // committed object.
@@ -896,63 +935,79 @@ int32_t DoneOne(const RawShmClient& client, uint64_t intent) {
 }
 
 // A shared-memory writer paused between its intent and its bytes for longer than its
-// reservation: the range is reclaimed, but no other put into it is acknowledged until the
-// writer is done, so its late bytes overwrite nothing anyone was told is stored.
+// reservation: the range is reclaimed, but the segment holds it busy and says so with the
+// heartbeat that acknowledges the reclaim, so the master places nothing there: every other
+// put into the same small pool is acknowledged, elsewhere, and the writer's late bytes
+// overwrite nothing anyone was told is stored. Once the writer is done the range serves again.
 TEST_F(AttackTest, ShmWriterPausedPastItsReservationLosesNoAcknowledgedObject) {
-  StartCluster({"--put-timeout=2s"});
+  StartCluster({"--put-timeout=2s"}, {}, "4MiB");
   ASSERT_NE(segment_.shm, "none");
   uint64_t baseline = Used();
   std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
   ASSERT_NE(writer, nullptr);
   v1::PutStartResult mine = Reserve("paused", kSize);
+  const uint64_t busy_at = mine.placements(0).offset();
   uint64_t intent = 0;
   ASSERT_EQ(BeginOne(*writer, mine.placements(0), &intent), v1::OK);
   ASSERT_NE(intent, 0u);
 
-  // It pauses: the reservation expires, is reclaimed and its range given back.
+  // It pauses: the reservation expires, is reclaimed and its range no longer counted as used,
+  // but held busy, at the segment and at the master.
   ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(10)));
   EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), kSize);
   EXPECT_GE(Metric("kvpool_segment_deferred_grant_ends_total"), 1u);
-  // Another client's put lands in that range: refused, never acknowledged.
-  const std::string value = testing::RandomValue(kSize, 21);
-  absl::Status refused = client_->Put("victim", value);
-  EXPECT_EQ(ToErrorCode(refused), v1::TRANSFER_FAIL) << refused;
-  EXPECT_EQ(ToErrorCode(client_->Get("victim").status()), v1::OBJECT_NOT_FOUND);
-  EXPECT_GE(Metric("kvpool_data_busy_refused_total"), 1u);
+  EXPECT_EQ(MasterBusy(), kSize);
+  EXPECT_EQ(MasterMetric("kvpool_segment_busy_bytes{segment=\"" + segment_.name + "\"}"), kSize);
+  // Many puts into the 4 MiB pool, one after another (each first fit would be the busy
+  // range): all acknowledged, none placed there, none refused by the segment.
+  uint64_t refused_before = Metric("kvpool_data_busy_refused_total");
+  PutOutside("other-", 12, busy_at, kSize, 100);
+  EXPECT_EQ(Metric("kvpool_data_busy_refused_total"), refused_before);
 
   // The writer wakes, copies its bytes and says so; its commit finds its reservation gone.
-  std::memset(writer->base + mine.placements(0).offset(), 'P', kSize);
+  std::memset(writer->base + busy_at, 'P', kSize);
   EXPECT_EQ(DoneOne(*writer, intent), v1::OK);
   EXPECT_EQ(Commit("paused", mine.put_id(), 1), v1::OBJECT_NOT_FOUND);
   EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), 0u);
-  // Now the put is acknowledged in that very range, and nothing of the old grant lands
-  // there again.
+  // The next heartbeat no longer lists the range: the master places there again (best fit:
+  // the hole is exactly one object), and nothing of the old grant lands there again.
+  ASSERT_TRUE(Eventually([&] { return MasterBusy() == 0; }, absl::Seconds(10)));
+  const std::string value = testing::RandomValue(kSize, 21);
   ASSERT_TRUE(client_->Put("victim", value).ok());
-  ASSERT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  ASSERT_EQ(Locate("victim").replicas(0).offset(), busy_at);
   EXPECT_NE(BeginOne(*writer, mine.placements(0)), v1::OK);
   EXPECT_TRUE(client_->Get("victim").value_or("") == value);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_TRUE(client_->Get(absl::StrCat("other-", i)).value_or("") ==
+                testing::RandomValue(kSize, 100 + i));
+  }
 }
 
 // The master that placed a paused writer is replaced (a restart here; a fail-over to another
 // leader is the same for the segment: a new term, whose grants know nothing of the old
-// ones). The new master reuses the range at once, but the segment holds it while the old
-// term's intent is open: the new put is refused, never acknowledged, until the writer is done.
+// ones). The segment's mount on the new master reports the range busy, so the new master
+// places nothing there while the old term's intent is open; once the writer is done the
+// range serves again.
 TEST_F(AttackTest, ShmIntentOpenAcrossANewMasterTermHoldsItsRange) {
-  StartCluster();
+  StartCluster({}, {}, "4MiB");
   std::unique_ptr<RawShmClient> writer = AdmitShm(segment_.shm);
   ASSERT_NE(writer, nullptr);
   v1::PutStartResult mine = Reserve("old-term", kSize);
+  const uint64_t busy_at = mine.placements(0).offset();
   uint64_t intent = 0;
   ASSERT_EQ(BeginOne(*writer, mine.placements(0), &intent), v1::OK);
   RestartMaster();
-  const std::string value = testing::RandomValue(kSize, 28);
-  absl::Status refused = client_->Put("victim", value);
-  EXPECT_EQ(ToErrorCode(refused), v1::TRANSFER_FAIL) << refused;
+  EXPECT_EQ(MasterBusy(), kSize);
+  uint64_t refused_before = Metric("kvpool_data_busy_refused_total");
+  PutOutside("new-term-", 8, busy_at, kSize, 200);
+  EXPECT_EQ(Metric("kvpool_data_busy_refused_total"), refused_before);
   EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), kSize);
-  std::memset(writer->base + mine.placements(0).offset(), 'T', kSize);  // its late bytes
+  std::memset(writer->base + busy_at, 'T', kSize);  // its late bytes
   EXPECT_EQ(DoneOne(*writer, intent), v1::OK);
+  ASSERT_TRUE(Eventually([&] { return MasterBusy() == 0; }, absl::Seconds(10)));
+  const std::string value = testing::RandomValue(kSize, 28);
   ASSERT_TRUE(client_->Put("victim", value).ok());
-  EXPECT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  EXPECT_EQ(Locate("victim").replicas(0).offset(), busy_at);
   EXPECT_NE(BeginOne(*writer, mine.placements(0)), v1::OK);
   EXPECT_TRUE(client_->Get("victim").value_or("") == value);
 }
@@ -1002,16 +1057,19 @@ TEST_F(AttackTest, ShmClientKilledMidIntentReleasesItsRange) {
   ASSERT_EQ(begun, 1);
   ASSERT_EQ(Revoke("killed", mine.put_id()), v1::OK);
   ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(5)));
-  const std::string value = testing::RandomValue(kSize, 23);
-  EXPECT_EQ(ToErrorCode(client_->Put("victim", value)), v1::TRANSFER_FAIL);
+  const uint64_t busy_at = mine.placements(0).offset();
+  EXPECT_EQ(MasterBusy(), kSize);
+  PutOutside("while-held-", 4, busy_at, kSize, 300);
 
   kill(child, SIGKILL);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);
   ASSERT_TRUE(Eventually([&] { return Metric("kvpool_shm_write_intents_open") == 0; },
                          absl::Seconds(5)));
   EXPECT_EQ(Metric("kvpool_shm_busy_bytes"), 0u);
+  ASSERT_TRUE(Eventually([&] { return MasterBusy() == 0; }, absl::Seconds(10)));
+  const std::string value = testing::RandomValue(kSize, 23);
   ASSERT_TRUE(client_->Put("victim", value).ok());
-  EXPECT_EQ(Locate("victim").replicas(0).offset(), mine.placements(0).offset());
+  EXPECT_EQ(Locate("victim").replicas(0).offset(), busy_at);
   EXPECT_TRUE(client_->Get("victim").value_or("") == value);
 }
 
@@ -1049,19 +1107,22 @@ TEST_F(AttackTest, BogusShmIntentsAreRefusedAndChangeNothing) {
   RestartMaster();
   EXPECT_EQ(BeginOne(*attacker, stale.placements(0)), v1::PERMISSION_DENIED);
 
-  // An intent of a revoked grant holds its range against the next grant's intent and TCP
-  // write (the range is busy: TRANSFER_FAIL, put again).
+  // An intent of a revoked grant holds its range: the master, told by the heartbeat that
+  // acknowledged the revoke, places the next reservation elsewhere, and the revoked grant's
+  // token writes nothing by TCP either.
   uint64_t before = Used();
   v1::PutStartResult first = Reserve("first", kSize);
   uint64_t held = 0;
   ASSERT_EQ(BeginOne(*attacker, first.placements(0), &held), v1::OK);
   ASSERT_EQ(Revoke("first", first.put_id()), v1::OK);
   ASSERT_TRUE(Eventually([&] { return Used() == before; }, absl::Seconds(5)));
+  EXPECT_EQ(MasterBusy(), kSize);
   v1::PutStartResult second = Reserve("second", kSize);
-  ASSERT_EQ(second.placements(0).offset(), first.placements(0).offset());
-  EXPECT_EQ(BeginOne(*attacker, second.placements(0)), v1::TRANSFER_FAIL);
+  const uint64_t busy_at = first.placements(0).offset();
+  EXPECT_TRUE(second.placements(0).offset() + kSize <= busy_at ||
+              busy_at + kSize <= second.placements(0).offset());
   const std::string value = testing::RandomValue(kSize, 25);
-  EXPECT_EQ(RawWrite(segment_.data, second.placements(0), value).first, v1::TRANSFER_FAIL);
+  EXPECT_EQ(RawWrite(segment_.data, first.placements(0), value).first, v1::PERMISSION_DENIED);
 
   // A malformed message: the connection is closed, which ends the held intent.
   const std::string garbage(wire::kShmMessageHeaderSize, 'x');
@@ -1070,6 +1131,7 @@ TEST_F(AttackTest, BogusShmIntentsAreRefusedAndChangeNothing) {
   EXPECT_EQ(recv(attacker->control, &byte, 1, 0), 0);
   ASSERT_TRUE(Eventually([&] { return Metric("kvpool_shm_write_intents_open") == 0; },
                          absl::Seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return MasterBusy() == 0; }, absl::Seconds(10)));
   ASSERT_EQ(RawWrite(segment_.data, second.placements(0), value).first, v1::OK);
   iovec iov{const_cast<char*>(value.data()), value.size()};
   EXPECT_EQ(Commit("second", second.put_id(), wire::Checksum({&iov, 1})), v1::OK);
@@ -1102,14 +1164,16 @@ TEST_F(AttackTest, ZeroCopyReservationHeldPastItsDeadlineLosesNoAcknowledgedObje
       local->BatchReserveLocal({"zero-copy"}, {std::vector<uint64_t>{kSize}});
   ASSERT_TRUE(reserved[0].ok()) << reserved[0].status();
   EXPECT_NE(reserved[0]->write_intent, 0u);
-  // Held past its deadline: reclaimed, and the next put into the range is refused.
+  // Held past its deadline: reclaimed, but held busy: the next put goes elsewhere.
   ASSERT_TRUE(Eventually([&] { return Used() == baseline; }, absl::Seconds(10)));
+  EXPECT_EQ(MasterBusy(), kSize);
   const std::string value = testing::RandomValue(kSize, 27);
-  EXPECT_EQ(ToErrorCode(client_->Put("victim", value)), v1::TRANSFER_FAIL);
+  ASSERT_TRUE(client_->Put("victim", value).ok());
   // The late writer fills its reservation and commits: too late, nothing lost.
   std::memset(reserved[0]->data, 'Z', kSize);
   EXPECT_EQ(ToErrorCode(local->BatchCommitLocal({*reserved[0]})[0]), v1::OBJECT_NOT_FOUND);
-  ASSERT_TRUE(client_->Put("victim", value).ok());
+  // Its intent is done with the commit: the range is no longer reported busy.
+  ASSERT_TRUE(Eventually([&] { return MasterBusy() == 0; }, absl::Seconds(10)));
   EXPECT_TRUE(client_->Get("victim").value_or("") == value);
   EXPECT_TRUE(local->Get("victim").value_or("") == value);
 }

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "proto/busy_ranges.h"
 #include "proto/error_codes.h"
 #include "server/master/tenant_keys.h"
 
@@ -13,6 +14,19 @@ namespace {
 constexpr size_t kMaxRecordsPerHeartbeat = 4096;
 // Longest a heartbeat is held when there is nothing to send.
 constexpr absl::Duration kMaxHeartbeatHold = absl::Seconds(5);
+
+// A segment's busy-range report; past the bound only one more range is taken, for the
+// check to refuse the report (MountedSegment::ReportBusy) without copying all of it.
+std::vector<wire::ByteRange> BusyRanges(
+    const google::protobuf::RepeatedPtrField<v1::ByteRange>& ranges) {
+  std::vector<wire::ByteRange> out;
+  out.reserve(std::min<size_t>(ranges.size(), wire::kMaxBusyRanges + 1));
+  for (const v1::ByteRange& range : ranges) {
+    if (out.size() > wire::kMaxBusyRanges) break;
+    out.push_back({range.offset(), range.length()});
+  }
+  return out;
+}
 
 void SetResult(const absl::Status& status, v1::KeyResult* out) {
   out->set_code(ToErrorCode(status));
@@ -52,6 +66,7 @@ void ToProto(const SegmentSummary& segment, v1::SegmentStatus* out) {
   out->set_machine_id(segment.machine_id);
   out->set_capacity_bytes(segment.capacity_bytes);
   out->set_used_bytes(segment.used_bytes);
+  out->set_busy_bytes(segment.busy_bytes);
   out->set_replicas(segment.replicas);
   out->set_state(segment.draining ? "draining"
                  : segment.restoring ? "restoring"
@@ -179,6 +194,7 @@ grpc::ServerUnaryReactor* MasterGrpcService::MountSegment(grpc::CallbackServerCo
   info.shm_socket = request->shm_socket();
   info.machine_id = request->machine_id();
   info.restoring = request->manifest_objects() > 0;
+  info.busy = BusyRanges(request->busy_ranges());
   absl::Status status = master_.MountSegment(std::move(info));
   response->set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(master_.options().heartbeat_interval)));
@@ -237,6 +253,12 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
   response->set_term(leadership_ != nullptr ? leadership_->term() : 0);
   if (!reply.segment) return call.Finish(absl::OkStatus());
   SegmentId segment = *reply.segment;
+  // Before the acknowledgements below free anything: a range whose FORGET this heartbeat
+  // acknowledges while a late shared-memory write holds it stays out of the allocator.
+  if (absl::Status busy = master_.ReportBusyRanges(segment, BusyRanges(request->busy_ranges()));
+      !busy.ok() && !absl::IsNotFound(busy)) {
+    return call.Finish(busy);
+  }
   uint64_t acked = request->acked_seq();
   std::vector<uint64_t> refused(request->refused_seqs().begin(), request->refused_seqs().end());
   auto answer = [this, call, context, response, segment, acked, refused = std::move(refused)] {

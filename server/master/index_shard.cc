@@ -58,7 +58,12 @@ constexpr absl::Duration kClockSlack = absl::Seconds(1);
 bool IndexShard::TokensLive(const Object& object, const Replica& replica, absl::Time now) {
   bool reads_live = object.lease_expiry + kClockSlack > now ||
                     (object.migration && object.migration->deadline + kClockSlack > now);
-  bool writes_live = !replica.writes_fenced && object.put_deadline + kClockSlack > now;
+  // An uncommitted reservation's writes stay live past its deadline: a shared-memory writer
+  // whose intent the segment accepted in time may still be copying, and only the segment
+  // knows. Its range is freed once the segment has applied the FORGET, and the heartbeat
+  // that acknowledges it reports the range busy if so (docs/semantics.md, "Grants").
+  bool writes_live =
+      !replica.writes_fenced && (!object.committed || object.put_deadline + kClockSlack > now);
   return reads_live || writes_live;
 }
 

@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   info.end_grant = [embedded](uint64_t grant, bool writes_only, absl::Time until) {
     embedded->EndGrant(grant, writes_only, until);
   };
+  info.busy_ranges = [embedded] { return embedded->grants().BusyRanges(); };
   if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;
   return segment;
 }
@@ -407,6 +408,7 @@ int main(int argc, char** argv) {
   kvpool::PeriodicWorker reservation_reaper("reservation-reaper", absl::Seconds(1), [&master] {
     master.ReclaimExpiredReservations();
     master.ForgetSettledRemovals();
+    master.RefreshEmbeddedBusy();
   });
   kvpool::PeriodicWorker evictor("evictor", absl::Milliseconds(200),
                                  [&master] { master.EvictIfAboveHighWatermark(); });

@@ -112,10 +112,17 @@ absl::Status Master::MountSegment(SegmentInfo info) {
     if (!segment.info().embedded) {
       manifest_sync_.Track(segment.id());
     } else if (segment.info().end_grant) {
-      manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant](
-                                                  const ManifestRecord& record) {
+      // The record's range is freed right after this (AppendThen): a late shared-memory
+      // write it leaves busy is held first, as a heartbeat's report would be.
+      std::weak_ptr<MountedSegment> weak = mounted->segment;
+      manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant,
+                                               busy = segment.info().busy_ranges,
+                                               weak](const ManifestRecord& record) {
         end(record.grant, /*writes_only=*/record.kind == ManifestRecord::Kind::kAdd,
             record.until);
+        if (std::shared_ptr<MountedSegment> held = weak.lock(); held && busy) {
+          held->ReportBusy(busy()).IgnoreError();  // its own, within bounds
+        }
       });
     }
     KVPOOL_LOG(INFO) << "mounted segment " << name << " (" << segment.allocator().capacity()
@@ -184,6 +191,20 @@ Master::HeartbeatReply Master::Heartbeat(const std::string& name, uint64_t incar
   reply.known = reply.segment.has_value();
   reply.drained = !reply.known && segments_.WasDrained(name, incarnation);
   return reply;
+}
+
+absl::Status Master::ReportBusyRanges(SegmentId id, absl::Span<const wire::ByteRange> busy) {
+  std::shared_ptr<MountedSegment> segment = segments_.Get(id);
+  if (segment == nullptr) return absl::NotFoundError("the segment is no longer mounted");
+  return segment->ReportBusy(busy);
+}
+
+void Master::RefreshEmbeddedBusy() {
+  for (const std::shared_ptr<MountedSegment>& segment : segments_.List()) {
+    if (segment->info().embedded && segment->info().busy_ranges) {
+      segment->ReportBusy(segment->info().busy_ranges()).IgnoreError();
+    }
+  }
 }
 
 absl::Status Master::DrainSegment(const std::string& name, bool migrate) {
@@ -767,6 +788,7 @@ ClusterSummary Master::GetClusterSummary() const {
     s.machine_id = segment->info().machine_id;
     s.capacity_bytes = segment->allocator().capacity();
     s.used_bytes = segment->allocator().used();
+    s.busy_bytes = segment->allocator().held();
     s.replicas = segment->replica_count();
     s.embedded = segment->info().embedded;
     s.draining = segment->draining();

@@ -161,6 +161,8 @@ struct SegmentSummary {
   std::string machine_id;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
+  // Held out of the allocator because the segment reports them busy (not in used_bytes).
+  uint64_t busy_bytes = 0;
   uint64_t replicas = 0;
   bool embedded = false;
   bool draining = false;
@@ -218,6 +220,15 @@ class Master {
     bool drained = false;
   };
   HeartbeatReply Heartbeat(const std::string& name, uint64_t incarnation);
+  // The ranges a segment reports busy with its heartbeat (HeartbeatRequest.busy_ranges):
+  // nothing is placed there until a report no longer lists them. Call it before the
+  // heartbeat's acknowledgements are applied, so a range freed by a FORGET acknowledged in
+  // the same heartbeat is held, never handed out. NotFound for a segment no longer mounted,
+  // InvalidArgument for a bad report (see MountedSegment::ReportBusy).
+  absl::Status ReportBusyRanges(SegmentId segment, absl::Span<const wire::ByteRange> busy);
+  // Asks each embedded segment for its busy ranges (SegmentInfo::busy_ranges), as a
+  // heartbeat would report them. Called every second.
+  void RefreshEmbeddedBusy();
   // Stops placing objects on a segment; once nothing on it is leased or being written, its
   // replicas are dropped and it is unmounted (FinishDrains). With `migrate`, that waits for a
   // mover to copy its objects elsewhere first (MigrateStart, MigrateEnd), as long as the mover

@@ -112,6 +112,10 @@ std::vector<prometheus::MetricFamily> MasterMetrics::Collect() const {
     families.Gauge("kvpool_segment_used_bytes",
                    "Bytes of each segment's pool held by objects (committed or reserved).",
                    static_cast<double>(segment.used_bytes), labels);
+    families.Gauge("kvpool_segment_busy_bytes",
+                   "Bytes of each segment's pool that the segment reports busy with late "
+                   "shared-memory writes: placed nowhere until no longer reported.",
+                   static_cast<double>(segment.busy_bytes), labels);
   }
   families.Gauge("kvpool_objects", "Committed objects in the index.",
                  static_cast<double>(summary.objects));

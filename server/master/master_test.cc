@@ -478,6 +478,12 @@ TEST_F(MasterTest, MalformedMountsAreRefused) {
   EXPECT_EQ(master_.MountSegment(bad_endpoint).code(), absl::StatusCode::kInvalidArgument);
   SegmentInfo long_name = Segment(std::string(5000, 'n'), 1 << 20);
   EXPECT_EQ(master_.MountSegment(long_name).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo busy_outside = Segment("a", 1 << 20);
+  busy_outside.busy = {{(1 << 20) - 64, 128}};
+  EXPECT_EQ(master_.MountSegment(busy_outside).code(), absl::StatusCode::kInvalidArgument);
+  SegmentInfo busy_too_many = Segment("a", 1 << 20);
+  busy_too_many.busy.assign(wire::kMaxBusyRanges + 1, wire::ByteRange{0, 64});
+  EXPECT_EQ(master_.MountSegment(busy_too_many).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(master_.GetClusterSummary().segments.empty());
 }
 
@@ -979,6 +985,33 @@ TEST_F(MasterTest, EmbeddedSegmentsKeepNoManifest) {
   EXPECT_TRUE(master_.BatchPutEnd({PutRef{"k", started.put_id}}).ticket.empty());
 }
 
+// An embedded segment has no heartbeat: its busy ranges are asked for as each grant ends
+// (before the range is freed) and every second (RefreshEmbeddedBusy).
+TEST_F(MasterTest, EmbeddedSegmentsBusyRangesAreHeldUntilNoLongerBusy) {
+  SegmentInfo info = Segment("e", 1 << 20);
+  info.embedded = true;
+  std::vector<wire::ByteRange> busy;
+  std::optional<uint64_t> late_grant;
+  info.end_grant = [&](uint64_t, bool, absl::Time) {
+    if (late_grant) busy = {{*late_grant, 4096}};  // its writer is still copying
+  };
+  info.busy_ranges = [&] { return busy; };
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  PutStartResult late = PutStart("late", 4096);
+  late_grant = late.placements[0].offset;
+  ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"late", late.put_id}})[0].ok());
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 4096u);
+  late_grant.reset();
+  PutStartResult next = PutStart("next", 4096);
+  EXPECT_NE(next.placements[0].offset, late.placements[0].offset);
+  // The writer is done: the next refresh lets the range go.
+  busy.clear();
+  master_.RefreshEmbeddedBusy();
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 0u);
+  PutStartResult again = PutStart("again", 4096);
+  EXPECT_EQ(again.placements[0].offset, late.placements[0].offset);
+}
+
 }  // namespace
 }  // namespace kvpool::master
 
@@ -1087,6 +1120,89 @@ TEST_F(GrantFenceTest, RestoredRecordsOutsideThePoolOrOfSizeZeroAreRefused) {
   ASSERT_TRUE(refused.ok());
   EXPECT_EQ(*refused, (std::vector<std::string>{"zero", "outside", "wraps", "huge", ""}));
   EXPECT_TRUE(*master_.BatchExist({"ok"})[0]);
+}
+
+// --- Busy ranges: what the segment holds for a late shared-memory write ---
+
+// A revoked reservation whose shared-memory writer is still copying: the segment reports
+// its range busy with the heartbeat that acknowledges the FORGET, so the range goes from
+// the reservation to the busy set without ever being free, and no put lands there until a
+// report no longer lists it.
+TEST_F(GrantFenceTest, ARangeReportedBusyIsNotHandedOutUntilNoLongerReported) {
+  PutStartResult late = Start("late");
+  const uint64_t busy_at = late.placements[0].offset;
+  ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"late", late.put_id}})[0].ok());
+  ManifestSync::Batch told = master_.manifest_sync().Sync(id_, 0, 1000);
+  ASSERT_EQ(told.records.size(), 1u);
+  // The next heartbeat: busy ranges first, then the acknowledgement.
+  ASSERT_TRUE(master_.ReportBusyRanges(id_, std::vector<wire::ByteRange>{{busy_at, 4096}}).ok());
+  master_.manifest_sync().Sync(id_, told.last_seq, 0);
+  ClusterSummary summary = master_.GetClusterSummary();
+  EXPECT_EQ(summary.used_bytes, 0u);
+  ASSERT_EQ(summary.segments.size(), 1u);
+  EXPECT_EQ(summary.segments[0].busy_bytes, 4096u);
+  // Many puts: none placed over [busy_at, +4096).
+  for (int i = 0; i < 100; ++i) {
+    PutStartResult put = Start("k" + std::to_string(i));
+    ASSERT_TRUE(put.status.ok()) << i;
+    uint64_t at = put.placements[0].offset;
+    EXPECT_TRUE(at + 4096 <= busy_at || busy_at + 4096 <= at) << i << " placed at " << at;
+    ASSERT_TRUE(master_.BatchPutRevoke({PutRef{"k" + std::to_string(i), put.put_id}})[0].ok());
+    Apply();  // the same busy report stands
+  }
+  // A report without it: the range serves again (best fit would take it first anyway).
+  ASSERT_TRUE(master_.ReportBusyRanges(id_, {}).ok());
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 0u);
+  PutStartResult again = Start("again");
+  EXPECT_EQ(again.placements[0].offset, busy_at);
+}
+
+TEST_F(GrantFenceTest, BadBusyReportsAreRefusedAndChangeNothing) {
+  ASSERT_TRUE(master_.ReportBusyRanges(id_, std::vector<wire::ByteRange>{{0, 8192}}).ok());
+  EXPECT_EQ(master_.ReportBusyRanges(id_, std::vector<wire::ByteRange>{{1 << 20, 64}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<wire::ByteRange> too_many(wire::kMaxBusyRanges + 1, wire::ByteRange{0, 64});
+  EXPECT_EQ(master_.ReportBusyRanges(id_, too_many).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 8192u);
+  EXPECT_EQ(master_.ReportBusyRanges(id_ + 1, {}).code(), absl::StatusCode::kNotFound);
+}
+
+// After a master restart (or a fail-over) the segment's mount carries its busy ranges; with a
+// manifest to report they are held once it is restored, so its objects are placed first.
+TEST_F(GrantFenceTest, BusyRangesOfAMountAreHeldOnceTheManifestIsRestored) {
+  ASSERT_TRUE(master_.UnmountSegment("a", 1).ok());
+  SegmentInfo info;
+  info.name = "r";
+  info.endpoint = "r:1";
+  info.size = 1 << 20;
+  info.incarnation = 2;
+  info.token_secret = wire::NewCapabilitySecret();
+  info.restoring = true;
+  info.busy = {{8192, 4096}};
+  ASSERT_TRUE(master_.MountSegment(info).ok());
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 0u);
+  std::vector<ManifestRecord> records = {{.key = "kept", .offset = 0, .size = 8192}};
+  ASSERT_TRUE(master_.RestoreManifest("r", 2, records).value().empty());
+  ASSERT_TRUE(master_.FinishRestore("r", 2).ok());
+  EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 4096u);
+  std::vector<std::string> keys = {"next"};
+  std::vector<uint64_t> sizes = {4096};
+  PutStartResult next = master_.BatchPutStart(keys, sizes, {}).value()[0];
+  ASSERT_TRUE(next.status.ok());
+  EXPECT_EQ(next.placements[0].offset, 12288u);
+
+  // Without a manifest they are held from the mount on.
+  SegmentInfo fresh = info;
+  fresh.name = "s";
+  fresh.endpoint = "s:1";
+  fresh.restoring = false;
+  fresh.busy = {{0, 4096}};
+  ASSERT_TRUE(master_.MountSegment(fresh).ok());
+  uint64_t held = 0;
+  for (const SegmentSummary& s : master_.GetClusterSummary().segments) {
+    if (s.name == "s") held = s.busy_bytes;
+  }
+  EXPECT_EQ(held, 4096u);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "server/master/range_allocator.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "common/log.h"
 
 namespace kvpool::master {
@@ -47,8 +50,13 @@ void RangeAllocator::Free(uint64_t offset, uint64_t size) {
   KVPOOL_CHECK(offset + rounded <= capacity_ && used_ >= rounded)
       << "free of a range that was never allocated: " << offset << "+" << rounded;
   used_ -= rounded;
+  ReleaseLocked(offset, rounded);
+  if (!wanted_.empty()) HoldFreeLocked(offset, offset + rounded);
+}
+
+void RangeAllocator::ReleaseLocked(uint64_t offset, uint64_t size) {
   uint64_t start = offset;
-  uint64_t end = offset + rounded;
+  uint64_t end = offset + size;
   auto next = by_offset_.lower_bound(offset);
   KVPOOL_CHECK(next == by_offset_.end() || next->first >= end) << "double free at " << offset;
   if (next != by_offset_.end() && next->first == end) {
@@ -67,9 +75,68 @@ void RangeAllocator::Free(uint64_t offset, uint64_t size) {
   InsertFreeLocked(start, end - start);
 }
 
+uint64_t RangeAllocator::SetHeld(absl::Span<const wire::ByteRange> ranges) {
+  // Rounded out to whole alignment units (a busy byte anywhere in a unit keeps it out),
+  // clipped to the pool, sorted and merged.
+  std::vector<wire::ByteRange> aligned;
+  aligned.reserve(ranges.size());
+  for (const wire::ByteRange& range : ranges) {
+    if (range.length == 0 || range.offset >= capacity_) continue;
+    uint64_t start = range.offset / kAlignment * kAlignment;
+    uint64_t end = range.length >= capacity_ - range.offset ? capacity_ : Rounded(range.end());
+    aligned.push_back({start, std::min(end, capacity_) - start});
+  }
+  std::vector<wire::ByteRange> merged = wire::CoalesceRanges(std::move(aligned), ranges.size() + 1);
+  std::map<uint64_t, uint64_t> wanted;
+  for (const wire::ByteRange& range : merged) wanted.emplace(range.offset, range.end());
+  absl::MutexLock lock(&mu_);
+  if (wanted == wanted_) return held_bytes_;
+  for (const auto& [offset, size] : held_) ReleaseLocked(offset, size);
+  held_.clear();
+  held_bytes_ = 0;
+  wanted_ = std::move(wanted);
+  for (const auto& [start, end] : wanted_) HoldFreeLocked(start, end);
+  return held_bytes_;
+}
+
+void RangeAllocator::HoldFreeLocked(uint64_t start, uint64_t end) {
+  // Every wanted range overlapping [start, end), and within it every free range.
+  auto want = wanted_.upper_bound(start);
+  if (want != wanted_.begin()) --want;
+  for (; want != wanted_.end() && want->first < end; ++want) {
+    uint64_t from = std::max(start, want->first);
+    uint64_t to = std::min(end, want->second);
+    if (from >= to) continue;
+    auto free = by_offset_.upper_bound(from);
+    if (free != by_offset_.begin()) --free;
+    while (free != by_offset_.end() && free->first < to) {
+      auto [free_offset, free_size] = *free;
+      uint64_t take_from = std::max(from, free_offset);
+      uint64_t take_to = std::min(to, free_offset + free_size);
+      if (take_from >= take_to) {
+        ++free;
+        continue;
+      }
+      EraseFreeLocked(free);
+      if (take_from > free_offset) InsertFreeLocked(free_offset, take_from - free_offset);
+      if (free_offset + free_size > take_to) {
+        InsertFreeLocked(take_to, free_offset + free_size - take_to);
+      }
+      held_.emplace(take_from, take_to - take_from);
+      held_bytes_ += take_to - take_from;
+      free = by_offset_.lower_bound(take_to);
+    }
+  }
+}
+
 uint64_t RangeAllocator::used() const {
   absl::MutexLock lock(&mu_);
   return used_;
+}
+
+uint64_t RangeAllocator::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
 }
 
 uint64_t RangeAllocator::largest_free() const {

@@ -14,7 +14,23 @@ MountedSegment::MountedSegment(SegmentId id, SegmentInfo info, absl::Time now)
       token_key_(info_.token_secret),
       allocator_(info_.size),
       last_heartbeat_ns_(absl::ToUnixNanos(now)),
-      restoring_(info_.restoring) {}
+      restoring_(info_.restoring) {
+  // The manifest's objects are placed first (RestoreManifest), then the busy ranges.
+  if (!info_.restoring) allocator_.SetHeld(info_.busy);
+}
+
+void MountedSegment::FinishRestoring() {
+  if (restoring_.exchange(false, std::memory_order_acq_rel)) allocator_.SetHeld(info_.busy);
+}
+
+absl::Status MountedSegment::ReportBusy(absl::Span<const wire::ByteRange> busy) {
+  if (absl::Status valid = wire::ValidateBusyRanges(busy, info_.size); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment ", info_.name, ": ", valid.message()));
+  }
+  allocator_.SetHeld(busy);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo info,
                                                                     absl::Time now) {
@@ -38,6 +54,9 @@ absl::StatusOr<SegmentRegistry::MountResult> SegmentRegistry::Mount(SegmentInfo 
       info.shm_socket.size() > kMaxField || info.machine_id.size() > kMaxField) {
     return absl::InvalidArgumentError(
         absl::StrCat("a field of the mount is longer than ", kMaxField, " bytes"));
+  }
+  if (absl::Status busy = wire::ValidateBusyRanges(info.busy, info.size); !busy.ok()) {
+    return busy;
   }
   if (!ParseHostPort(info.endpoint).ok()) {
     return absl::InvalidArgumentError(

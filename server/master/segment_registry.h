@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/busy_ranges.h"
 #include "proto/capability.h"
 #include "server/master/range_allocator.h"
 
@@ -41,8 +42,16 @@ struct SegmentInfo {
   // For an embedded segment: ends a grant on it (all of it, or its writes only), remembered
   // until `until`. Called as the master ends grants.
   std::function<void(uint64_t grant, bool writes_only, absl::Time until)> end_grant;
+  // For an embedded segment: the ranges it holds busy now (GrantTable::BusyRanges), asked
+  // after each grant it is told to end and every second (Master::RefreshEmbeddedBusy), in
+  // place of a heartbeat's report.
+  std::function<std::vector<wire::ByteRange>()> busy_ranges;
   // It will report a manifest (RestoreManifest): take no new objects until it has.
   bool restoring = false;
+  // Ranges it holds busy (late shared-memory writes): held out of its allocator from the
+  // mount on (once the manifest is restored, when restoring), until a heartbeat's report
+  // replaces them (MountedSegment::ReportBusy). At most wire::kMaxBusyRanges, in the pool.
+  std::vector<wire::ByteRange> busy;
 };
 
 class MountedSegment {
@@ -80,7 +89,12 @@ class MountedSegment {
     return absl::FromUnixNanos(mover_deadline_ns_.load(std::memory_order_acquire)) > now;
   }
   bool restoring() const { return restoring_.load(std::memory_order_acquire); }
-  void FinishRestoring() { restoring_.store(false, std::memory_order_release); }
+  // The manifest is restored: takes new objects, and holds the busy ranges of its mount.
+  void FinishRestoring();
+  // The segment's busy ranges now (its heartbeat's report): its allocator hands out no byte
+  // of them until a report no longer lists it. InvalidArgument for a report of more than
+  // wire::kMaxBusyRanges ranges or one outside the pool (nothing changes then).
+  absl::Status ReportBusy(absl::Span<const wire::ByteRange> busy);
   bool accepts_writes() const { return !removed() && !draining() && !restoring(); }
   void MarkRemoved() { removed_.store(true, std::memory_order_release); }
 

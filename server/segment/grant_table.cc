@@ -317,6 +317,17 @@ uint64_t GrantTable::busy_bytes() const {
   return bytes;
 }
 
+std::vector<wire::ByteRange> GrantTable::BusyRanges(bool every_shm_write) const {
+  std::vector<wire::ByteRange> busy;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const Write* write : shm_writes_) {
+      if (every_shm_write || write->orphaned_) busy.push_back({write->offset_, write->length_});
+    }
+  }
+  return wire::CoalesceRanges(std::move(busy), wire::kMaxBusyRanges);
+}
+
 size_t GrantTable::writes_in_flight() const {
   absl::ReaderMutexLock lock(&mu_);
   return writes_.size();

@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/busy_ranges.h"
 #include "proto/capability.h"
 #include "proto/frame.h"
 
@@ -177,6 +179,13 @@ class GrantTable {
   uint64_t busy_refused() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t deferred_ends() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t busy_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The ranges held busy now, for the master's allocator to keep out of (its heartbeat's
+  // report, docs/semantics.md "Grants"): those of shared-memory writes in flight whose grant
+  // has ended or whose term has passed, or, with `every_shm_write` (a mount on a master that
+  // knows none of this table's grants), of every shared-memory write in flight. Coalesced
+  // into at most wire::kMaxBusyRanges ranges, covering every busy byte.
+  std::vector<wire::ByteRange> BusyRanges(bool every_shm_write = false) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Ended {

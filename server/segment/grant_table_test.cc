@@ -344,9 +344,15 @@ TEST(GrantTableShmTest, AnIntentOfAnEndedGrantHoldsItsRangeUntilDone) {
   EXPECT_EQ(grants.shm_writes_in_flight(), 1u);
   // The master reclaims grant 7 and hands part of its range to grant 8: End does not wait
   // for the intent (it cannot be cut), and the range stays busy.
+  // Before the end the range is its open grant's (the master has it allocated): not busy
+  // for the heartbeat's report, but busy for a mount's (a new master knows no grant of it).
+  EXPECT_TRUE(grants.BusyRanges().empty());
+  EXPECT_EQ(grants.BusyRanges(/*every_shm_write=*/true),
+            (std::vector<wire::ByteRange>{{4096, 512}}));
   grants.End(7, /*writes_only=*/false, now + absl::Minutes(1));
   EXPECT_EQ(grants.deferred_ends(), 1u);
   EXPECT_EQ(grants.busy_bytes(), 512u);
+  EXPECT_EQ(grants.BusyRanges(), (std::vector<wire::ByteRange>{{4096, 512}}));
   EXPECT_EQ(grants.BeginWrite(RangeRequest(secret, 8, 4096 + 256, 4096), now).status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(grants.BeginWrite(RangeRequest(secret, 8, 0, 4097), now,
@@ -363,6 +369,8 @@ TEST(GrantTableShmTest, AnIntentOfAnEndedGrantHoldsItsRangeUntilDone) {
   // Its intent done (or its connection closed), the range is free for grant 8.
   grants.EndWrite(*intent, GrantTable::Landed{4096, 512, 0, /*hashed=*/false});
   EXPECT_EQ(grants.busy_bytes(), 0u);
+  EXPECT_TRUE(grants.BusyRanges().empty());
+  EXPECT_TRUE(grants.BusyRanges(/*every_shm_write=*/true).empty());
   EXPECT_EQ(grants.shm_writes_in_flight(), 0u);
   EXPECT_TRUE(grants.BeginWrite(RangeRequest(secret, 8, 4096 + 256, 4096), now).ok());
   EXPECT_EQ(grants.shm_writes_begun(), 1u);
@@ -381,6 +389,7 @@ TEST(GrantTableShmTest, AnIntentOfAnEarlierTermHoldsItsRangeAgainstTheSameGrantN
   grants.NewTerm(new_secret);
   EXPECT_EQ(grants.deferred_ends(), 1u);
   EXPECT_EQ(grants.busy_bytes(), 1024u);
+  EXPECT_EQ(grants.BusyRanges(), (std::vector<wire::ByteRange>{{0, 1024}}));
   EXPECT_EQ(grants.BeginWrite(RangeRequest(new_secret, 5, 0, 1024), now).status().code(),
             absl::StatusCode::kUnavailable);
   // The old writer's late done leaves nothing for the new grant's commit.
@@ -424,6 +433,33 @@ TEST(GrantTableShmTest, ADoneIntentOverItsWholeRangeHandsTheRangeToTheCommit) {
                               GrantTable::WriteKind::kShm).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(grants.shm_writes_refused(), 3u);
+}
+
+// Many late writers: the report stays within its bound and covers every busy byte.
+TEST(GrantTableShmTest, BusyRangesAreReportedWithinTheirBound) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  std::vector<std::shared_ptr<GrantTable::Write>> intents;
+  for (uint64_t i = 0; i < 200; ++i) {
+    auto intent = grants.BeginWrite(RangeRequest(secret, 100 + i, i * 8192, 4096), now,
+                                    GrantTable::WriteKind::kShm);
+    ASSERT_TRUE(intent.ok()) << i;
+    intents.push_back(*intent);
+    grants.End(100 + i, /*writes_only=*/false, now + absl::Minutes(1));
+  }
+  std::vector<wire::ByteRange> busy = grants.BusyRanges();
+  ASSERT_LE(busy.size(), wire::kMaxBusyRanges);
+  ASSERT_FALSE(busy.empty());
+  EXPECT_EQ(busy.front().offset, 0u);
+  EXPECT_EQ(busy.back().end(), 199u * 8192 + 4096);
+  for (uint64_t i = 0; i < 200; ++i) {
+    bool covered = false;
+    for (const wire::ByteRange& r : busy) covered |= r.offset <= i * 8192 && i * 8192 + 4096 <= r.end();
+    EXPECT_TRUE(covered) << i;
+  }
+  for (const auto& intent : intents) grants.EndWrite(intent);
+  EXPECT_TRUE(grants.BusyRanges().empty());
 }
 
 }  // namespace

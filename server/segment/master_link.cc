@@ -17,6 +17,17 @@ namespace {
 
 // Manifest records per RestoreManifest call.
 constexpr size_t kRestoreChunk = 4096;
+// Deadline of a heartbeat sent after a failed one (answered at once, see Heartbeat).
+constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
+
+void AddBusyRanges(const std::vector<wire::ByteRange>& busy,
+                   google::protobuf::RepeatedPtrField<v1::ByteRange>* out) {
+  for (const wire::ByteRange& range : busy) {
+    v1::ByteRange* added = out->Add();
+    added->set_offset(range.offset);
+    added->set_length(range.length);
+  }
+}
 
 }  // namespace
 
@@ -117,6 +128,10 @@ absl::Status MasterLink::Mount() {
   request.set_manifest_objects(entries.size());
   request.set_shm_socket(options_.shm_socket);
   request.set_machine_id(MachineId());
+  // None of the shared-memory writes in flight is of this master's grants (a new term ends
+  // them all once the manifest is reported): it places nothing in their ranges until a
+  // heartbeat no longer lists them.
+  AddBusyRanges(grants_.BusyRanges(/*every_shm_write=*/true), request.mutable_busy_ranges());
   v1::MountSegmentResponse response;
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
@@ -196,7 +211,16 @@ absl::Status MasterLink::Heartbeat() {
   request.set_incarnation(options_.incarnation);
   request.set_acked_seq(acked_seq_);
   for (uint64_t seq : refused_seqs_) request.add_refused_seqs(seq);
-  request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
+  // With the acknowledgement of the FORGET that left a range busy, so the master holds the
+  // range before it would free it.
+  AddBusyRanges(grants_.BusyRanges(), request.mutable_busy_ranges());
+  // After a failed heartbeat the next ones are probes: answered at once (no long poll) within
+  // a short deadline, so a healed control path is found within about a second, not after a
+  // held poll into a dead connection runs out its whole deadline. (Among several masters a
+  // failure moves on to another master instead, see below.)
+  const bool probe = last_heartbeat_failed_ && locator_->single();
+  const absl::Duration hold = probe ? absl::ZeroDuration() : heartbeat_interval_;
+  request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(hold)));
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   AttachToken(context, options_.auth_token);
@@ -205,7 +229,8 @@ absl::Status MasterLink::Heartbeat() {
   absl::Duration grace = locator_->single()
                              ? options_.rpc_timeout
                              : std::min(options_.rpc_timeout, absl::Milliseconds(1500));
-  context.set_deadline(absl::ToChronoTime(absl::Now() + heartbeat_interval_ + grace));
+  if (probe) grace = std::min(grace, kProbeTimeout);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + hold + grace));
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -234,11 +259,17 @@ absl::Status MasterLink::Heartbeat() {
         MoveOn("");
         return Mount();
       }
+    } else {
+      // The one master: a fresh channel for the next probe. The failed one would sit out
+      // gRPC's reconnect backoff on a connection that a healed path no longer carries.
+      locator_->Failed(master, "");
     }
+    last_heartbeat_failed_ = true;
     return absl::UnavailableError(absl::StrCat("heartbeat to master ", master,
                                                " failed: ", status.error_message()));
   }
   heartbeat_failures_ = 0;
+  last_heartbeat_failed_ = false;
   if (absl::Status current = CheckTerm(master, response.term()); !current.ok()) {
     KVPOOL_LOG(WARNING) << current.message();
     MoveOn("");

@@ -132,6 +132,8 @@ class MasterLink {
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t acked_seq_ = 0;
   int heartbeat_failures_ = 0;
+  // The last heartbeat failed: the next is a probe (no long poll, a short deadline).
+  bool last_heartbeat_failed_ = false;
   // ADD records (by sequence number) refused and not yet reported to this master.
   std::vector<uint64_t> refused_seqs_;
   LogLimiter refusal_log_;  // a line a second at most

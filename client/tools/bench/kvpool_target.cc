@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include <cstdio>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/master_client.h"
 #include "client/tools/bench/io.h"
 #include "common/size.h"
@@ -19,6 +26,36 @@ std::string WorkingSetPrefix(const Workload& workload) {
     return absl::StrCat("kvb/", workload.run_id, "/meta/");
   }
   return absl::StrCat("kvb/", workload.run_id, "/v", workload.value_size, "/");
+}
+
+// Per phase of the client's puts (kvpool_client_put_phase_seconds{phase}): seconds in all,
+// calls, and calls over 25 ms, read from the client's metrics text.
+struct PhaseTotals {
+  double seconds = 0;
+  double calls = 0;
+  double within_25ms = 0;
+};
+
+std::map<std::string, PhaseTotals> PutPhases(const std::string& metrics) {
+  std::map<std::string, PhaseTotals> phases;
+  const std::string family = "kvpool_client_put_phase_seconds";
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::StartsWith(line, family)) continue;
+    size_t at = line.find("phase=\"");
+    size_t space = line.rfind(' ');
+    if (at == absl::string_view::npos || space == absl::string_view::npos) continue;
+    size_t end = line.find('"', at + 7);
+    std::string phase(line.substr(at + 7, end - at - 7));
+    double value = 0;
+    if (!absl::SimpleAtod(line.substr(space + 1), &value)) continue;
+    absl::string_view what = line.substr(family.size());
+    if (absl::StartsWith(what, "_sum")) phases[phase].seconds = value;
+    if (absl::StartsWith(what, "_count")) phases[phase].calls = value;
+    if (absl::StartsWith(what, "_bucket") && absl::StrContains(line, "le=\"0.025\"")) {
+      phases[phase].within_25ms = value;
+    }
+  }
+  return phases;
 }
 
 // Counts a call's per-value results into `result`.
@@ -256,6 +293,7 @@ absl::Status KvpoolTarget::StoreSet(const std::string& prefix, uint64_t count,
 
 absl::Status KvpoolTarget::Prepare(const Workload& workload) {
   put_prefix_ = absl::StrCat("kvb/", workload.run_id, "/p/");
+  metrics_before_ = client_->MetricsText();
   switch (workload.kind) {
     case WorkloadKind::kGet:
     case WorkloadKind::kMixed:
@@ -323,6 +361,18 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
 
 void KvpoolTarget::Finish(const Workload& workload) {
   if (workload.kind != WorkloadKind::kPut && workload.kind != WorkloadKind::kMixed) return;
+  std::map<std::string, PhaseTotals> before = PutPhases(metrics_before_);
+  std::string line;
+  for (const auto& [phase, after] : PutPhases(client_->MetricsText())) {
+    const PhaseTotals& was = before[phase];
+    double calls = after.calls - was.calls;
+    double slow = calls - (after.within_25ms - was.within_25ms);
+    absl::StrAppend(&line, line.empty() ? "" : ", ", phase, " ",
+                    absl::StrFormat("%.1f", (after.seconds - was.seconds) * 1e3), " ms (",
+                    static_cast<uint64_t>(slow), " of ", static_cast<uint64_t>(calls),
+                    " calls over 25 ms)");
+  }
+  if (!line.empty()) std::fprintf(stderr, "kvpool put phases: %s\n", line.c_str());
   std::vector<std::string> keys;
   for (size_t t = 0; t < next_put_.size(); ++t) {
     uint64_t end = next_put_[t]->load();

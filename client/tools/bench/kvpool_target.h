@@ -54,7 +54,9 @@ class KvpoolTarget : public System {
   absl::Status Prepare(const Workload& workload) override;
   absl::StatusOr<std::vector<std::unique_ptr<Worker>>> MakeWorkers(
       const Workload& workload) override;
-  // Removes the values a put or mixed run stored.
+  // Removes the values a put or mixed run stored, after printing (stderr) where its puts
+  // spent their time: the client's kvpool_client_put_phase_seconds over the run, warm-up
+  // included (the shared client's only: not with --shared-client=false).
   void Finish(const Workload& workload) override;
   // Removes everything the bench stored (working sets too).
   void Cleanup();
@@ -70,6 +72,8 @@ class KvpoolTarget : public System {
   const KvpoolTargetOptions options_;
   std::shared_ptr<Client> client_;
   std::string put_prefix_;
+  // The client's metrics when the workload was prepared (for the put phases at Finish).
+  std::string metrics_before_;
   // Per thread, the sequence number of the next key a put stores, and of the first not yet
   // removed; the keys are rebuilt from these, so nothing grows with the run's length.
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> next_put_;
