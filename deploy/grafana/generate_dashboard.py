@@ -155,6 +155,14 @@ def panels():
                    "short", 18, y, w=6),
     ]
     y += 8
+    p += [
+        timeseries("Busy ranges per segment", "Bytes a segment reports held by late "
+                   "shared-memory writes (grant ended while the writer's intent was open); the "
+                   "allocator places nothing there until the writer is done or gone.",
+                   targets((f"kvpool_segment_busy_bytes{{{SEG}}}", "{{segment}}")),
+                   "bytes", 0, y, w=12),
+    ]
+    y += 8
 
     p.append(row("Control plane (master gRPC)", y)); y += 1
     p += [
@@ -294,6 +302,13 @@ def panels():
         timeseries("Client bytes", "Bytes stored and fetched by clients per second.",
                    targets((f"sum by (op) (rate(kvpool_client_bytes_total[{RATE}]))", "{{op}}")),
                    "Bps", 16, y, w=8),
+    ]
+    y += 8
+    p += [
+        timeseries("Put phases", "Where a client's puts spend their time: mapping pools, "
+                   "reserving, writing, waiting for checksums, committing (p50, p99).",
+                   targets(*quantiles("kvpool_client_put_phase_seconds", ["phase"], "{{phase}}")),
+                   "s", 0, y, w=12),
     ]
     y += 8
 
