@@ -50,12 +50,7 @@ absl::StatusOr<std::shared_ptr<TlsContextSource>> TlsContextSource::ForServer(
     const ServerTlsOptions& options) {
   if (absl::Status valid = ValidateServerTls(options); !valid.ok()) return valid;
   std::shared_ptr<TlsContextSource> source(new TlsContextSource(true, options, {}));
-  absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = source->Build();
-  if (!ctx.ok()) return ctx.status();
-  absl::MutexLock lock(&source->mu_);
-  source->current_ = *std::move(ctx);
-  source->stamps_ = source->Stamps();
-  source->next_check_ = absl::Now() + source->reload_interval_;
+  if (absl::Status loaded = source->LoadFirst(); !loaded.ok()) return loaded;
   return source;
 }
 
@@ -66,12 +61,7 @@ absl::StatusOr<std::shared_ptr<TlsContextSource>> TlsContextSource::ForClient(
   }
   if (absl::Status valid = ValidateClientTls(options); !valid.ok()) return valid;
   std::shared_ptr<TlsContextSource> source(new TlsContextSource(false, {}, options));
-  absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = source->Build();
-  if (!ctx.ok()) return ctx.status();
-  absl::MutexLock lock(&source->mu_);
-  source->current_ = *std::move(ctx);
-  source->stamps_ = source->Stamps();
-  source->next_check_ = absl::Now() + source->reload_interval_;
+  if (absl::Status loaded = source->LoadFirst(); !loaded.ok()) return loaded;
   return source;
 }
 
@@ -81,6 +71,16 @@ TlsContextSource::TlsContextSource(bool server, ServerTlsOptions server_options,
       server_options_(std::move(server_options)),
       client_options_(std::move(client_options)),
       reload_interval_(server ? server_options_.reload_interval : client_options_.reload_interval) {}
+
+absl::Status TlsContextSource::LoadFirst() {
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = Build();
+  if (!ctx.ok()) return ctx.status();
+  absl::MutexLock lock(&mu_);
+  current_ = *std::move(ctx);
+  stamps_ = Stamps();
+  next_check_ = absl::Now() + reload_interval_;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsContextSource::Build() const {
   ERR_clear_error();

@@ -54,6 +54,8 @@ class TlsContextSource {
   TlsContextSource(bool server, ServerTlsOptions server_options, ClientTlsOptions client_options);
   absl::StatusOr<std::shared_ptr<SSL_CTX>> Build() const;
   std::vector<FileStamp> Stamps() const;
+  // The first context, and the stamps and time of its files' next check.
+  absl::Status LoadFirst() ABSL_LOCKS_EXCLUDED(mu_);
 
   const bool server_;
   const ServerTlsOptions server_options_;
