@@ -1036,6 +1036,17 @@ class GrantFenceTest : public ::testing::Test {
     std::vector<uint64_t> sizes = {4096};
     return master_.BatchPutStart(keys, sizes, {.owner = owner}).value()[0];
   }
+  // A segment "r" (1 MiB) mounting with a manifest to report (RestoreManifest).
+  static SegmentInfo RestoringSegment() {
+    SegmentInfo info;
+    info.name = "r";
+    info.endpoint = "r:1";
+    info.size = 1 << 20;
+    info.incarnation = 2;
+    info.token_secret = wire::NewCapabilitySecret();
+    info.restoring = true;
+    return info;
+  }
   // What the segment is told, applied and acknowledged.
   std::vector<ManifestRecord> Apply() {
     ManifestSync::Batch batch = master_.manifest_sync().Sync(id_, 0, 1000);
@@ -1100,13 +1111,7 @@ TEST_F(GrantFenceTest, PutIdsAreUnpredictableAndTiedToTheCallerThatAsked) {
 
 TEST_F(GrantFenceTest, RestoredRecordsOutsideThePoolOrOfSizeZeroAreRefused) {
   ASSERT_TRUE(master_.UnmountSegment("a", 1).ok());
-  SegmentInfo info;
-  info.name = "r";
-  info.endpoint = "r:1";
-  info.size = 1 << 20;
-  info.incarnation = 2;
-  info.token_secret = wire::NewCapabilitySecret();
-  info.restoring = true;
+  SegmentInfo info = RestoringSegment();
   ASSERT_TRUE(master_.MountSegment(info).ok());
   std::vector<ManifestRecord> records = {
       {.key = "ok", .offset = 0, .size = 100},
@@ -1171,13 +1176,7 @@ TEST_F(GrantFenceTest, BadBusyReportsAreRefusedAndChangeNothing) {
 // manifest to report they are held once it is restored, so its objects are placed first.
 TEST_F(GrantFenceTest, BusyRangesOfAMountAreHeldOnceTheManifestIsRestored) {
   ASSERT_TRUE(master_.UnmountSegment("a", 1).ok());
-  SegmentInfo info;
-  info.name = "r";
-  info.endpoint = "r:1";
-  info.size = 1 << 20;
-  info.incarnation = 2;
-  info.token_secret = wire::NewCapabilitySecret();
-  info.restoring = true;
+  SegmentInfo info = RestoringSegment();
   info.busy = {{8192, 4096}};
   ASSERT_TRUE(master_.MountSegment(info).ok());
   EXPECT_EQ(master_.GetClusterSummary().segments[0].busy_bytes, 0u);
