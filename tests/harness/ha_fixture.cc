@@ -98,24 +98,41 @@ void HaFixture::StartMasterAt(int i) {
 Role HaFixture::RoleOf(int i, absl::Duration timeout) {
   auto stub = v1::MasterService::NewStub(MakeMasterChannel(addresses_[i]));
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  absl::Time asked = absl::Now();
+  context.set_deadline(absl::ToChronoTime(asked + timeout));
   v1::GetClusterStatusResponse response;
   if (!stub->GetClusterStatus(&context, v1::GetClusterStatusRequest(), &response).ok()) {
-    return Role{"down"};
+    return Role{.role = "down", .asked = asked, .answered = absl::Now()};
   }
-  return Role{response.role(), response.term(), response.leader()};
+  return Role{response.role(), response.term(), response.leader(), asked, absl::Now()};
+}
+
+bool HaFixture::TwoLeaders(int i, const Role& role) {
+  if (role.role != "leader") return false;
+  absl::MutexLock lock(&mu_);
+  if (role.term > newest_term_) {
+    newest_term_ = role.term;
+    newest_term_master_ = i;
+    newest_term_seen_ = role.answered;
+    return false;
+  }
+  if (role.term == newest_term_) return i != newest_term_master_;
+  return role.asked > newest_term_seen_;
 }
 
 int HaFixture::WaitForLeader(absl::Duration timeout, int other_than) {
   absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int leader = -1;
+    int64_t term = 0;
     for (int i = 0; i < kMasters; ++i) {
       if (i == other_than) continue;
-      if (RoleOf(i).role == "leader") {
-        EXPECT_EQ(leader, -1) << "two leaders at once: " << addresses_[leader] << " and "
-                              << addresses_[i];
+      Role role = RoleOf(i);
+      EXPECT_FALSE(TwoLeaders(i, role))
+          << "two leaders at once: " << addresses_[i] << " leads term " << role.term;
+      if (role.role == "leader" && role.term > term) {
         leader = i;
+        term = role.term;
       }
     }
     if (leader >= 0) return leader;
@@ -220,12 +237,15 @@ void HaFixture::StartLoad() {
 void HaFixture::Watch() {
   while (!stop_.load()) {
     int leaders = 0;
+    bool two = false;
     for (int i = 0; i < kMasters; ++i) {
-      if (RoleOf(i).role == "leader") ++leaders;
+      Role role = RoleOf(i);
+      if (role.role == "leader") ++leaders;
+      two = TwoLeaders(i, role) || two;
     }
     absl::Time now = absl::Now();
     absl::MutexLock lock(&mu_);
-    if (leaders > 1) ++two_leaders_;
+    if (two) ++two_leaders_;
     if (leaders > 0) {
       leaderless_ = std::max(leaderless_, now - leader_seen_);
       leader_seen_ = now;
@@ -433,14 +453,21 @@ void HaFixture::CutTheLeaderFromEtcd(absl::Duration resume_bound) {
   // can run out at etcd (and so before anyone else can be elected).
   absl::Time deadline = absl::Now() + absl::Seconds(30);
   // (A slow answer is waited for: only a refusal, another role or a restart says it stopped.)
-  while (RoleOf(leader, absl::Seconds(2)).role == "leader" && absl::Now() < deadline) {
+  // An answer is no older than its call, and can be hundreds of milliseconds younger on a
+  // loaded machine: a "leader" answer proves it led when that call was sent, no later.
+  absl::Time last_led = cut;      // when the last call it answered as the leader was sent
+  absl::Time stepped_down = cut;  // when its first other answer came back
+  while (absl::Now() < deadline) {
+    Role role = RoleOf(leader, absl::Seconds(2));
+    stepped_down = role.answered;
+    if (role.role != "leader") break;
+    last_led = role.asked;
     absl::SleepFor(absl::Milliseconds(20));
   }
-  absl::Time stepped_down = absl::Now();
-  absl::Duration led_on = stepped_down - cut;
-  EXPECT_LT(led_on, lease_) << "led " << led_on << " after the cut";
+  absl::Duration led_on = last_led - cut;
+  EXPECT_LT(led_on, lease_) << "it led on a call sent " << led_on << " after the cut";
   // Past its lease, still reachable by clients: it takes no write.
-  absl::SleepFor(lease_ - led_on);
+  absl::SleepFor(cut + lease_ - absl::Now());
   absl::Status after_lease = (*old_leader)->Put(key_prefix_ + "-put-to-the-cut-leader", "x");
   EXPECT_FALSE(after_lease.ok()) << "the cut leader took a put after its lease ended";
   // A new leader; never two at once (WaitForLeader checks every master each round).
@@ -455,10 +482,12 @@ void HaFixture::CutTheLeaderFromEtcd(absl::Duration resume_bound) {
   ASSERT_GE(next, 0);
   // The cut leader served until it stepped down: writes resumed with the first ack of a put
   // begun after that, counted from the cut.
-  absl::Duration resumed = led_on + WritesResumed(stepped_down, absl::Seconds(30));
-  std::printf("ha cut from etcd: the leader stepped down %s after the cut, writes resumed %s "
+  absl::Duration resumed = (stepped_down - cut) + WritesResumed(stepped_down, absl::Seconds(30));
+  std::printf("ha cut from etcd: the leader stepped down %s-%s after the cut, writes resumed %s "
               "after the cut (lease %s)\n",
-              absl::FormatDuration(led_on).c_str(), absl::FormatDuration(resumed).c_str(),
+              absl::FormatDuration(led_on).c_str(),
+              absl::FormatDuration(stepped_down - cut).c_str(),
+              absl::FormatDuration(resumed).c_str(),
               absl::FormatDuration(lease_).c_str());
   EXPECT_LT(resumed, resume_bound);
   FinishAndVerify("leader cut from etcd", cut);

@@ -16,7 +16,7 @@
 //   longest_write_gap                longest time between two acknowledged puts
 //   writes_resumed                   from the fault to the first ack of a put begun after it
 //   leaderless                       longest time no master said it led (watched every ~50 ms)
-//   two_leaders                      rounds of the watch in which two masters said they led (0)
+//   two_leaders                      rounds of the watch that proved two leaders at once (0)
 // and, after the load stops, lost (acknowledged puts not read back with their bytes) = 0.
 
 #include <atomic>
@@ -57,6 +57,8 @@ struct Role {
   std::string role;  // "leader", "standby", or "down" (no answer)
   int64_t term = 0;
   std::string leader;
+  absl::Time asked;     // when the call was sent
+  absl::Time answered;  // when its answer came back
 };
 
 class HaFixture : public ::testing::Test {
@@ -74,8 +76,8 @@ class HaFixture : public ::testing::Test {
   void StartMasterAt(int i);
   // What master `i` says within `timeout` ("down" if it does not answer by then).
   Role RoleOf(int i, absl::Duration timeout = absl::Milliseconds(500));
-  // The index of the one master that says it leads (-1 if none within `timeout`); a failure
-  // if two do at once.
+  // The index of the master that says it leads (-1 if none within `timeout`); a failure if
+  // two do at once (see TwoLeaders).
   int WaitForLeader(absl::Duration timeout, int other_than = -1);
   // Cuts master `i` from etcd alone (clients and segments still reach it).
   virtual void CutFromEtcd(int i);
@@ -125,6 +127,11 @@ class HaFixture : public ::testing::Test {
 
  private:
   void Watch();
+  // Whether master `i`'s answer proves two leaders at once. A sweep over the masters is not an
+  // instant (an answer can take hundreds of milliseconds on a loaded machine), so two "leader"
+  // answers of one sweep prove nothing; what does: a leader of a term older than one already
+  // seen, on a call sent after that answer came back, or two masters leading one term.
+  bool TwoLeaders(int i, const Role& role);
 
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
@@ -149,6 +156,10 @@ class HaFixture : public ::testing::Test {
   absl::Time leader_seen_ ABSL_GUARDED_BY(mu_);
   absl::Duration leaderless_ ABSL_GUARDED_BY(mu_);
   size_t two_leaders_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest term seen led, by which master, and when that answer came back.
+  int64_t newest_term_ ABSL_GUARDED_BY(mu_) = 0;
+  int newest_term_master_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time newest_term_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvpool::testing
