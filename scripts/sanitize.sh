@@ -34,20 +34,18 @@ cmake --build "$build" -j "${KVPOOL_JOBS:-$(nproc)}" ${KVPOOL_SANITIZE_TARGETS:+
 built=$(date +%s)
 cd "$build"
 failed=0
+run_tests() { ctest --output-on-failure --no-tests=error -j "${KVPOOL_TEST_JOBS:-2}" "$@" || failed=1; }
 if [ "$kind" = asan ] && [ $# -eq 0 ]; then
   # deploy_docker_packages checks a release build's libraries (an instrumented binary needs
   # libasan). The Python tests load the instrumented module into an uninstrumented
   # interpreter: ASan's runtime must come first, and the interpreter's own leaks at exit are
   # not kvpool's.
-  ctest --output-on-failure --no-tests=error -j "${KVPOOL_TEST_JOBS:-2}" -LE 'gpu|python' \
-    -E '^deploy_docker_packages$' || failed=1
+  run_tests -LE 'gpu|python' -E '^deploy_docker_packages$'
   cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' CMakeCache.txt)
   LD_PRELOAD="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libubsan.so)" \
-    ASAN_OPTIONS=${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0} \
-    ctest --output-on-failure --no-tests=error -j "${KVPOOL_TEST_JOBS:-2}" -L python -LE gpu ||
-    failed=1
+    ASAN_OPTIONS=${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0} run_tests -L python -LE gpu
 else
-  ctest --output-on-failure --no-tests=error -j "${KVPOOL_TEST_JOBS:-2}" -LE gpu "$@" || failed=1
+  run_tests -LE gpu "$@"
 fi
 done_at=$(date +%s)
 echo "sanitize $kind: build $((built - start))s, tests $((done_at - built))s"
