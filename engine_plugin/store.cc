@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "proto/tls.h"
 
 namespace kvpool::engine {
 namespace {
@@ -65,6 +66,19 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
                                    .key_file = client_options.tls_key_file,
                                    .server_name = client_options.tls_server_name};
     segment_options->master_auth_token = segment_auth_token;
+    if (client_options.data_tls) {
+      // The whole pool's data plane speaks TLS: this segment serves its data port with the
+      // certificate it presents to the master.
+      if (client_options.tls_cert_file.empty() || client_options.tls_key_file.empty()) {
+        return absl::InvalidArgumentError(
+            "data-plane TLS with an in-process segment (global_segment_size > 0) needs its "
+            "certificate and key (KVPOOL_TLS_CERT, KVPOOL_TLS_KEY)");
+      }
+      ServerTlsOptions tls{.cert_file = client_options.tls_cert_file,
+                           .key_file = client_options.tls_key_file};
+      if (absl::Status valid = ValidateServerTls(tls); !valid.ok()) return valid;
+      segment_options->data.tls = tls;
+    }
     absl::StatusOr<std::unique_ptr<segment::Segment>> started =
         segment::Segment::Start(*segment_options);
     if (!started.ok()) return started.status();

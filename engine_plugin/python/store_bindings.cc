@@ -36,15 +36,18 @@ std::string Environment(const char* name) {
   return value == nullptr ? "" : value;
 }
 
-// Credentials for the master from the environment (the Python API has no place for them):
-// KVPOOL_TLS_CA, KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, KVPOOL_TLS_SERVER_NAME, and token files
+// Credentials from the environment (the Python API has no place for them), as kvpoolctl and
+// kvpool-bench read them: KVPOOL_TLS_CA, KVPOOL_TLS_CERT, KVPOOL_TLS_KEY,
+// KVPOOL_TLS_SERVER_NAME, KVPOOL_DATA_TLS=1 (TLS on the TCP data plane too), and token files
 // KVPOOL_AUTH_TOKEN_FILE (the engine's) and KVPOOL_SEGMENT_AUTH_TOKEN_FILE (its in-process
-// segment's), as kvpoolctl and kvpool-bench read them.
+// segment's).
 absl::Status CredentialsFromEnvironment(ClientOptions& options, std::string& segment_token) {
   options.tls_ca_file = Environment("KVPOOL_TLS_CA");
   options.tls_cert_file = Environment("KVPOOL_TLS_CERT");
   options.tls_key_file = Environment("KVPOOL_TLS_KEY");
   options.tls_server_name = Environment("KVPOOL_TLS_SERVER_NAME");
+  std::string data_tls = Environment("KVPOOL_DATA_TLS");
+  options.data_tls = data_tls == "1" || data_tls == "true";
   for (auto [variable, token] : {std::pair{"KVPOOL_AUTH_TOKEN_FILE", &options.auth_token},
                                  std::pair{"KVPOOL_SEGMENT_AUTH_TOKEN_FILE", &segment_token}}) {
     if (std::string path = Environment(variable); !path.empty()) {
