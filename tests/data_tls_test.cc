@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kvpool/client.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/http_get.h"
 #include "tests/harness/pki.h"
 #include "tests/harness/raw_tcp.h"
@@ -82,12 +83,14 @@ class DataTlsTest : public ::testing::Test {
   }
 
   // A segment serving --data-tls with a certificate of `ca` (the master link trusts the
-  // pool's CA whatever `ca` is).
+  // pool's CA whatever `ca` is); that certificate's files in `*issued` if given.
   absl::StatusOr<SegmentProcess> StartTlsSegment(const std::string& name, const char* token,
                                                  const testing::TestCa& ca,
-                                                 std::vector<std::string> extra = {}) {
+                                                 std::vector<std::string> extra = {},
+                                                 testing::CertFiles* issued = nullptr) {
     absl::StatusOr<testing::CertFiles> cert = ca.Issue(name);
     if (!cert.ok()) return cert.status();
+    if (issued != nullptr) *issued = *cert;
     std::vector<std::string> args = {
         "--name=" + name,
         "--auth-token-file=" + WriteFile(absl::StrCat(dir_, "/", name, ".token"), token),
@@ -218,6 +221,60 @@ TEST_F(DataTlsTest, MutualTlsRefusesAClientWithoutACertificate) {
   ASSERT_TRUE((*mutual)->Put("k", "with a certificate").ok());
   EXPECT_EQ((*mutual)->Get("k").value_or(""), "with a certificate");
   EXPECT_GE(Sample(segment->http, kHandshakeRefusals), 2);
+}
+
+TEST_F(DataTlsTest, ARotatedSegmentCertificateIsServedWithoutARestart) {
+  testing::CertFiles live;
+  absl::StatusOr<SegmentProcess> segment = StartTlsSegment(
+      "seg-1", kSegment1, pool_ca_, {"--tls-reload-interval=1s"}, &live);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::string before = testing::RandomValue(300 << 10, 11);
+  {
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect(true);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Put("before", before).ok());
+  }
+  // Each attempt is a new client, so its data connection is a new one.
+  auto fresh_put = [&](const std::string& key) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect(true);
+    if (!client.ok()) return client.status();
+    return (*client)->Put(key, "after rotation");
+  };
+
+  // A replacement that does not load (another CA's certificate under the old key) is logged
+  // and the old certificate stays in use.
+  absl::StatusOr<testing::CertFiles> rogue = rogue_ca_.Issue("seg-1");
+  ASSERT_TRUE(rogue.ok());
+  ASSERT_EQ(rename(rogue->cert.c_str(), live.cert.c_str()), 0);
+  absl::SleepFor(absl::Milliseconds(1500));  // past the reload interval
+  EXPECT_TRUE(fresh_put("during-mismatch").ok());
+
+  // With its key it loads: new connections get the rogue certificate, which the clients
+  // refuse. Then a new certificate of the pool's CA is served, without a restart.
+  ASSERT_EQ(rename(rogue->key.c_str(), live.key.c_str()), 0);
+  absl::Status refused;
+  std::string refused_key;
+  int attempt = 0;
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        refused_key = absl::StrCat("to-rogue-", ++attempt);  // until the reload: stored
+        refused = fresh_put(refused_key);
+        return !refused.ok();
+      },
+      absl::Seconds(20)));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "certificate")) << refused;
+  absl::StatusOr<testing::CertFiles> next = pool_ca_.Issue("seg-1-next");
+  ASSERT_TRUE(next.ok());
+  ASSERT_EQ(rename(next->key.c_str(), live.key.c_str()), 0);
+  ASSERT_EQ(rename(next->cert.c_str(), live.cert.c_str()), 0);
+  EXPECT_TRUE(testing::Eventually([&] { return fresh_put("after").ok(); }, absl::Seconds(20)));
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(true);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->Get("before", {.verify_checksum = true}).value_or("") == before);
+  EXPECT_EQ((*client)->Get("after").value_or(""), "after rotation");
+  EXPECT_EQ((*client)->Exists(refused_key).value_or(true), false);
+  EXPECT_GE(Sample(segment->http, kHandshakeRefusals), 1);
 }
 
 TEST_F(DataTlsTest, AMalformedOrStalledHandshakeDoesNotStallTheServer) {
