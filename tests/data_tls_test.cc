@@ -71,12 +71,13 @@ class DataTlsTest : public ::testing::Test {
     rogue_ca_ = *rogue;
     absl::StatusOr<testing::CertFiles> server = pool_ca_.Issue("master");
     ASSERT_TRUE(server.ok()) << server.status();
-    std::string tokens = WriteFile(dir_ + "/tokens",
+    master_cert_ = *server;
+    tokens_ = WriteFile(dir_ + "/tokens",
                                    absl::StrCat("token ", kEngine, " engine-a engine team-a\n",
                                                 "token ", kSegment1, " seg-1 segment\n",
                                                 "token ", kSegment2, " seg-2 segment\n"));
     absl::StatusOr<MasterProcess> master = testing::StartMaster(
-        {"--embedded-segment-size=0", "--auth-tokens=" + tokens, "--tls-cert=" + server->cert,
+        {"--embedded-segment-size=0", "--auth-tokens=" + tokens_, "--tls-cert=" + server->cert,
          "--tls-key=" + server->key});
     ASSERT_TRUE(master.ok()) << master.status();
     master_ = std::move(*master);
@@ -115,6 +116,8 @@ class DataTlsTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::string tokens_;
+  testing::CertFiles master_cert_;
   testing::TestCa pool_ca_;
   testing::TestCa rogue_ca_;
   MasterProcess master_;
@@ -221,6 +224,34 @@ TEST_F(DataTlsTest, MutualTlsRefusesAClientWithoutACertificate) {
   ASSERT_TRUE((*mutual)->Put("k", "with a certificate").ok());
   EXPECT_EQ((*mutual)->Get("k").value_or(""), "with a certificate");
   EXPECT_GE(Sample(segment->http, kHandshakeRefusals), 2);
+}
+
+TEST_F(DataTlsTest, TheMastersEmbeddedSegmentServesItsDataPortOverTls) {
+  std::vector<std::string> args = {"--auth-tokens=" + tokens_,
+                                   "--tls-cert=" + master_cert_.cert,
+                                   "--tls-key=" + master_cert_.key,
+                                   "--embedded-segment-size=16MiB", "--prefault=false",
+                                   "--embedded-segment-data-tls"};
+  absl::StatusOr<MasterProcess> master = testing::StartMaster(args);
+  ASSERT_TRUE(master.ok()) << master.status();
+  ASSERT_NE(master->embedded_segment, "none");
+  master_ = std::move(*master);  // the pool is now this master's embedded segment alone
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(/*data_tls=*/true);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::string value = testing::RandomValue((1 << 20) + 5, 21);
+  ASSERT_TRUE((*client)->Put("embedded", value).ok());
+  EXPECT_TRUE((*client)->Get("embedded", {.verify_checksum = true}).value_or("") == value);
+
+  absl::StatusOr<std::unique_ptr<Client>> plain = Connect(/*data_tls=*/false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::Status put = (*plain)->Put("plain", "never stored");
+  EXPECT_EQ(put.code(), absl::StatusCode::kUnavailable) << put;
+  EXPECT_FALSE((*plain)->Get("embedded").ok());
+  EXPECT_EQ((*client)->Exists("plain").value_or(true), false);
+
+  // Without a certificate to present it does not start.
+  args.erase(args.begin() + 1, args.begin() + 3);
+  EXPECT_FALSE(testing::StartMaster(args).ok());
 }
 
 TEST_F(DataTlsTest, ARotatedSegmentCertificateIsServedWithoutARestart) {

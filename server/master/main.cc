@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "common/flags.h"
@@ -49,6 +50,9 @@ ABSL_FLAG(std::string, embedded_segment_shm_group, "",
 ABSL_FLAG(std::string, advertise_host, "",
           "Host name clients dial for the embedded segment (default: its listen host, or this "
           "machine's name when listening on a wildcard address)");
+ABSL_FLAG(bool, embedded_segment_data_tls, false,
+          "Serve the embedded segment's TCP data port over TLS with --tls-cert/--tls-key (and "
+          "--tls-client-ca, --tls-require-client-cert); clients need --data-tls");
 ABSL_FLAG(bool, prefault, true, "Touch every page of the embedded pool at start");
 ABSL_FLAG(int, data_threads, 2, "Data-plane threads of the embedded segment");
 ABSL_FLAG(uint32_t, max_key_bytes, 4096, "Longest key accepted");
@@ -121,14 +125,17 @@ int Fail(const absl::Status& status) {
 }
 
 // Starts the segment that runs inside the master process and mounts it.
+// `data_tls`: TLS on its data port.
 absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
-    kvpool::master::Master& master, uint64_t size) {
+    kvpool::master::Master& master, uint64_t size,
+    std::optional<kvpool::ServerTlsOptions> data_tls) {
   kvpool::segment::SegmentOptions options;
   options.size = size;
   options.prefault = absl::GetFlag(FLAGS_prefault);
   options.listen = absl::GetFlag(FLAGS_embedded_segment_listen);
   options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   options.data.threads = absl::GetFlag(FLAGS_data_threads);
+  options.data.tls = std::move(data_tls);
   std::string shm_socket = absl::GetFlag(FLAGS_embedded_segment_shm_socket);
   options.shm_socket = shm_socket == "none" ? "" : shm_socket;
   if (absl::Status uids = kvpool::segment::ParseAdmittedUids(
@@ -222,6 +229,11 @@ int main(int argc, char** argv) {
   if (!tls.cert_file.empty() || !tls.key_file.empty() || !tls.client_ca_file.empty()) {
     if (absl::Status valid = kvpool::ValidateServerTls(tls); !valid.ok()) return Fail(valid);
   }
+  if (absl::GetFlag(FLAGS_embedded_segment_data_tls) && tls.cert_file.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--embedded-segment-data-tls needs --tls-cert and --tls-key (the certificate its data "
+        "port presents)"));
+  }
   std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   {
     kvpool::Exposure exposure{.tls = !tls.cert_file.empty(),
@@ -256,7 +268,10 @@ int main(int argc, char** argv) {
   }
   if (embedded_size > 0) {
     absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> started =
-        StartEmbeddedSegment(master, embedded_size);
+        StartEmbeddedSegment(master, embedded_size,
+                             absl::GetFlag(FLAGS_embedded_segment_data_tls)
+                                 ? std::optional(tls)
+                                 : std::nullopt);
     if (!started.ok()) return Fail(started.status());
     embedded = std::move(*started);
   }
