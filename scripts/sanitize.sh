@@ -8,7 +8,8 @@
 # own abseil source package (the installed version, from Debian's archive, checksummed) with
 # -fsanitize=thread into build-tsan/abseil, and runs the tests on those libraries
 # (LD_LIBRARY_PATH; same sonames, same headers), so gRPC's and kvpool's locks are both seen.
-# A report fails the test that made it (halt_on_error; UBSan does not recover).
+# ASan/UBSan: a report fails the test that made it (halt_on_error; UBSan does not recover).
+# TSan: the tests run on, and tests/sanitizers/tsan_triage.py fails the run on kvpool's races.
 # KVPOOL_SANITIZE_TARGETS="a b" builds only those targets (then pass a matching -R to ctest).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +50,9 @@ tsan_abseil() {
     echo "sanitize.sh tsan: libabsl is $version; update the checksums in this script" >&2
     exit 1
   fi
+  for tool in curl patch sha256sum; do
+    command -v "$tool" >/dev/null || { echo "sanitize.sh tsan: needs $tool" >&2; exit 1; }
+  done
   mkdir -p "$dir/src"
   local pool=http://deb.debian.org/debian/pool/main/a/abseil
   curl -sSf -o "$dir/orig.tar.gz" "$pool/abseil_20220623.1.orig.tar.gz"
