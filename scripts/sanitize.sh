@@ -19,8 +19,12 @@ case "$kind" in
   asan)
     flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}
-    # tests/sanitizers/ubsan.supp says why each suppression is there.
-    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$root/tests/sanitizers/ubsan.supp}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    # AttackTest.ExhaustedDescriptorsDoNotSpinAndServingResumes runs a segment out of file
+    # descriptors on purpose, and the sanitizer runtime needs one: UBSan's vptr check probes
+    # the vtable's memory with pipe(2), which then fails, and it reports a valid Boost.System
+    # error category as an "invalid vptr" (docs/testing.md). It runs in the normal suite only.
+    export GTEST_FILTER=${GTEST_FILTER:--AttackTest.ExhaustedDescriptorsDoNotSpinAndServingResumes}
     ;;
   tsan)
     flags="-fsanitize=thread -fno-omit-frame-pointer"
