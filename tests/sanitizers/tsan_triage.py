@@ -8,8 +8,8 @@ sanitizer's runtime nor the C++ standard library's headers: kvpool when that fra
 kvpool's sources (generated protobuf code included) or in Boost (header-only, instrumented
 with kvpool), else the library it is in. A report is kvpool's when kvpool owns every access:
 then TSan saw both sides and what ordered them; one access in a library (an allocation by
-gRPC's arena, a send by its poller) means the order went through code TSan cannot see. Prints the counts and every kvpool
-report in full; exits 1 if there is one.
+gRPC's arena, a send by its poller) means the order went through code TSan cannot see.
+Prints the counts and every kvpool report in full; exits 1 if there is one.
 
 usage: tsan_triage.py SOURCE_ROOT REPORT_FILE...
 """

@@ -74,17 +74,24 @@ class Pool:
     def master(self, embedded_segment_size="64MiB"):
         return self.master_with_http(embedded_segment_size)["grpc"]
 
-    def master_with_http(self, embedded_segment_size="64MiB"):
-        """The master's readiness fields: grpc and http addresses, embedded_segment, ..."""
+    def master_with_http(self, embedded_segment_size="64MiB", extra_args=()):
+        """The master's readiness fields: grpc and http addresses, embedded_segment, ...
+        extra_args: more kvpool-master flags (TLS, --auth-tokens, ...)."""
         proc = Process([_binary("KVPOOL_MASTER_BIN", "server/master/kvpool-master"),
                         "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
-                        f"--embedded-segment-size={embedded_segment_size}", "--prefault=false"])
+                        f"--embedded-segment-size={embedded_segment_size}", "--prefault=false",
+                        *extra_args])
         self.processes.append(proc)
         return _fields(proc.wait_for_line("kvpool-master listening"))
 
     def segment(self, master, size="64MiB", prefault=False, extra_args=()):
         """prefault: touch the whole pool at start (the daemon's default; tests skip it).
-        extra_args: more kvpool-segment flags (benchmarks: --verify-commits=false, ...)."""
+        extra_args: more kvpool-segment flags (benchmarks: --verify-commits=false, ...).
+        Returns the segment's name."""
+        return self.segment_with_http(master, size, prefault, extra_args)["name"]
+
+    def segment_with_http(self, master, size="64MiB", prefault=False, extra_args=()):
+        """As segment(), returning the readiness fields: name, http address, ..."""
         proc = Process([_binary("KVPOOL_SEGMENT_BIN", "server/segment/kvpool-segment"),
                         f"--master={master}", f"--size={size}", "--listen=127.0.0.1:0",
                         "--http-listen=127.0.0.1:0", f"--prefault={str(prefault).lower()}",
@@ -92,7 +99,7 @@ class Pool:
         self.processes.append(proc)
         fields = _fields(proc.wait_for_line("kvpool-segment listening"))
         proc.wait_for_line("kvpool-segment mounted")
-        return fields["name"]
+        return fields
 
     def stop(self):
         for proc in reversed(self.processes):

@@ -15,8 +15,6 @@ import urllib.request
 
 import pytest
 
-from conftest import Process, _binary, _fields
-
 kvpool = pytest.importorskip("kvpool")
 
 ENGINE_TOKEN = "engine-a-token-0000000001"
@@ -73,7 +71,7 @@ def _metric(http, name):
 
 
 @pytest.fixture
-def secure_pool(tmp_path, monkeypatch):
+def secure_pool(pool, tmp_path, monkeypatch):
     """A TLS + authenticating master (no embedded segment), its CA and token files; the
     engine's credentials are in the environment, data-plane TLS not yet."""
     if shutil.which("openssl") is None:
@@ -81,52 +79,39 @@ def secure_pool(tmp_path, monkeypatch):
     directory = str(tmp_path)
     pki = Pki(directory, "pool")
     master_cert, master_key = pki.issue("master")
-    in_process_port = _free_port()
-    in_process_name = f"127.0.0.1:{in_process_port}"
+    in_process_name = f"127.0.0.1:{_free_port()}"
     tokens = _write(os.path.join(directory, "tokens"),
                     f"token {ENGINE_TOKEN} engine-a engine team-a\n"
                     f"token {SEGMENT_TOKEN} seg-1 segment\n"
                     f"token {IN_PROCESS_TOKEN} {in_process_name} segment\n")
-    master = Process([_binary("KVPOOL_MASTER_BIN", "server/master/kvpool-master"),
-                      "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
-                      "--embedded-segment-size=0", f"--auth-tokens={tokens}",
-                      f"--tls-cert={master_cert}", f"--tls-key={master_key}"])
-    processes = [master]
-    grpc = _fields(master.wait_for_line("kvpool-master listening"))["grpc"]
+    grpc = pool.master_with_http("0", [f"--auth-tokens={tokens}", f"--tls-cert={master_cert}",
+                                       f"--tls-key={master_key}"])["grpc"]
     monkeypatch.setenv("KVPOOL_TLS_CA", pki.ca)
     monkeypatch.setenv("KVPOOL_AUTH_TOKEN_FILE",
                        _write(os.path.join(directory, "engine.token"), ENGINE_TOKEN))
-    monkeypatch.delenv("KVPOOL_DATA_TLS", raising=False)
-    monkeypatch.delenv("KVPOOL_TLS_CERT", raising=False)
-    monkeypatch.delenv("KVPOOL_TLS_KEY", raising=False)
-    monkeypatch.delenv("KVPOOL_SEGMENT_AUTH_TOKEN_FILE", raising=False)
+    for name in ("KVPOOL_DATA_TLS", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY",
+                 "KVPOOL_SEGMENT_AUTH_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
 
     class SecurePool:
+        master = grpc
+        in_process_hostname = in_process_name
+
         def __init__(self):
-            self.master = grpc
             self.pki = pki
             self.directory = directory
-            self.in_process_hostname = in_process_name
 
         def tls_segment(self):
             """A kvpool-segment serving --data-tls; its HTTP address. No shared memory: a
             client on this host would map the pool instead of dialling the data port."""
             cert, key = pki.issue("seg-1")
-            proc = Process([_binary("KVPOOL_SEGMENT_BIN", "server/segment/kvpool-segment"),
-                            f"--master={grpc}", "--size=64MiB", "--listen=127.0.0.1:0",
-                            "--http-listen=127.0.0.1:0", "--prefault=false", "--name=seg-1",
-                            "--auth-token-file=" + _write(os.path.join(directory, "seg.token"),
-                                                          SEGMENT_TOKEN),
-                            f"--tls-ca={pki.ca}", f"--tls-cert={cert}", f"--tls-key={key}",
-                            "--data-tls", "--shm-socket=none"])
-            processes.append(proc)
-            fields = _fields(proc.wait_for_line("kvpool-segment listening"))
-            proc.wait_for_line("kvpool-segment mounted")
-            return fields["http"]
+            token = _write(os.path.join(directory, "seg.token"), SEGMENT_TOKEN)
+            return pool.segment_with_http(grpc, extra_args=[
+                "--name=seg-1", f"--auth-token-file={token}", f"--tls-ca={pki.ca}",
+                f"--tls-cert={cert}", f"--tls-key={key}", "--data-tls",
+                "--shm-socket=none"])["http"]
 
-    yield SecurePool()
-    for proc in reversed(processes):
-        proc.stop()
+    return SecurePool()
 
 
 def _open(master, **config):
