@@ -74,10 +74,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreConfig& config,
             "data-plane TLS with an in-process segment (global_segment_size > 0) needs its "
             "certificate and key (KVPOOL_TLS_CERT, KVPOOL_TLS_KEY)");
       }
-      ServerTlsOptions tls{.cert_file = client_options.tls_cert_file,
-                           .key_file = client_options.tls_key_file};
-      if (absl::Status valid = ValidateServerTls(tls); !valid.ok()) return valid;
-      segment_options->data.tls = tls;
+      // Segment::Start checks the files (ValidateServerTls) and fails naming the bad one.
+      segment_options->data.tls = ServerTlsOptions{.cert_file = client_options.tls_cert_file,
+                                                   .key_file = client_options.tls_key_file};
     }
     absl::StatusOr<std::unique_ptr<segment::Segment>> started =
         segment::Segment::Start(*segment_options);

@@ -5,8 +5,10 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -153,6 +155,11 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
   tls.watch_root_certs();
   if (!options.cert_file.empty()) tls.watch_identity_key_cert_pairs();
   return grpc::experimental::TlsCredentials(tls);
+}
+
+bool DataTlsFromEnvironment() {
+  const char* value = std::getenv("KVPOOL_DATA_TLS");
+  return value != nullptr && (std::string_view(value) == "1" || std::string_view(value) == "true");
 }
 
 }  // namespace kvpool

@@ -50,6 +50,10 @@ struct ClientTlsOptions {
 absl::Status ValidateServerTls(const ServerTlsOptions& options);
 absl::Status ValidateClientTls(const ClientTlsOptions& options);
 
+// TLS on the TCP data plane asked for by the environment: $KVPOOL_DATA_TLS is "1" or "true"
+// (kvpoolctl, kvpool-bench and the Python module read it alike).
+bool DataTlsFromEnvironment();
+
 // Call Validate* first; these do not fail, a file that goes bad later fails handshakes.
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerTlsOptions& options);
 // Insecure credentials when !options.enabled().

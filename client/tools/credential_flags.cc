@@ -1,9 +1,8 @@
 #include "client/tools/credential_flags.h"
 
-#include <cstdlib>
-
 #include "absl/flags/flag.h"
 #include "proto/master_link_flags.h"
+#include "proto/tls.h"
 
 // --tls-ca, --tls-cert, --tls-key, --tls-server-name, --tls-reload-interval, --auth-token-file:
 // proto/tls_flags.h and proto/master_link_flags.h.
@@ -19,10 +18,7 @@ absl::Status ApplyCredentialFlags(ClientOptions& options) {
   options.tls_cert_file = tls.cert_file;
   options.tls_key_file = tls.key_file;
   options.tls_server_name = tls.server_name;
-  const char* data_tls = std::getenv("KVPOOL_DATA_TLS");
-  options.data_tls = absl::GetFlag(FLAGS_data_tls) ||
-                     (data_tls != nullptr && (std::string(data_tls) == "1" ||
-                                              std::string(data_tls) == "true"));
+  options.data_tls = absl::GetFlag(FLAGS_data_tls) || DataTlsFromEnvironment();
   absl::StatusOr<std::string> token = GetAuthTokenFlag(/*environment=*/true);
   if (!token.ok()) return token.status();
   if (!token->empty()) options.auth_token = *std::move(token);

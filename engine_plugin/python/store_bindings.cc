@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "kvpool/v1/common.pb.h"
 #include "proto/channel.h"
+#include "proto/tls.h"
 
 namespace py = pybind11;
 
@@ -46,8 +47,7 @@ absl::Status CredentialsFromEnvironment(ClientOptions& options, std::string& seg
   options.tls_cert_file = Environment("KVPOOL_TLS_CERT");
   options.tls_key_file = Environment("KVPOOL_TLS_KEY");
   options.tls_server_name = Environment("KVPOOL_TLS_SERVER_NAME");
-  std::string data_tls = Environment("KVPOOL_DATA_TLS");
-  options.data_tls = data_tls == "1" || data_tls == "true";
+  options.data_tls = DataTlsFromEnvironment();
   for (auto [variable, token] : {std::pair{"KVPOOL_AUTH_TOKEN_FILE", &options.auth_token},
                                  std::pair{"KVPOOL_SEGMENT_AUTH_TOKEN_FILE", &segment_token}}) {
     if (std::string path = Environment(variable); !path.empty()) {
