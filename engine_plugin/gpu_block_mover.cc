@@ -17,12 +17,6 @@ absl::Status CudaError(absl::string_view what, cudaError_t error) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
-// Blocks per CopyBlocks call and per pool round trip. The first batch of a call is smaller, so
-// that the GPU starts copying after one short round trip and the later round trips overlap
-// copies already queued.
-constexpr size_t kBatch = 128;
-constexpr size_t kFirstBatch = 32;
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuBlockMover>> GpuBlockMover::Create(Client& client,
@@ -38,7 +32,7 @@ absl::StatusOr<std::unique_ptr<GpuBlockMover>> GpuBlockMover::Create(
   const bool gpu_checksums =
       options.gpu_checksums && layout.segments().size() <= size_t{kernels::kMaxChecksumSegments};
   std::unique_ptr<GpuBlockMover> mover(
-      new GpuBlockMover(client, options.force_remote, gpu_checksums));
+      new GpuBlockMover(client, options, gpu_checksums));
   mover->layerwise_tail_ = std::clamp(options.layerwise_tail, 0.0, 1.0);
   if (cudaError_t e = cudaGetDevice(&mover->device_); e != cudaSuccess) {
     return CudaError("finding the current device", e);
@@ -110,7 +104,7 @@ absl::Status GpuBlockMover::SetUp(Direction& direction, cudaStream_t stream,
       e != cudaSuccess) {
     return CudaError("allocating the pinned staging buffer", e);
   }
-  return ReserveSums(direction.sums, direction.sums_capacity, 2 * kBatch);
+  return ReserveSums(direction.sums, direction.sums_capacity, 2 * batch_);
 }
 
 absl::Status GpuBlockMover::ReserveSums(uint64_t*& sums, size_t& capacity, size_t n) {
@@ -259,13 +253,18 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   // and each other: what remains in sight is the first reservation and the last commit.
   const std::vector<std::pair<size_t, size_t>> spans = Batches(keys.size());
   std::vector<std::future<std::vector<absl::StatusOr<LocalReservation>>>> reserving;
+  auto reserve = [&](size_t b) {
+    const auto [first, n] = spans[b];
+    std::vector<uint64_t> sizes(n, bytes_per_block_);
+    return std::async(std::launch::async,
+                      [this, k = keys.subspan(first, n), sizes = std::move(sizes)] {
+                        return client_.BatchReserveLocal(k, sizes);
+                      });
+  };
   if (!force_remote_) {
-    for (const auto& [first, n] : spans) {
-      std::vector<uint64_t> sizes(n, bytes_per_block_);
-      reserving.push_back(std::async(std::launch::async,
-                                     [this, k = keys.subspan(first, n), sizes = std::move(sizes)] {
-                                       return client_.BatchReserveLocal(k, sizes);
-                                     }));
+    for (size_t b = 0; b < spans.size(); ++b) {
+      if (b == 1 && reserve_first_alone_) break;  // the others in the loop below
+      reserving.push_back(reserve(b));
     }
   }
   // Waits for the batch's copy, then commits it with the checksums the GPU computed.
@@ -288,7 +287,9 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   };
   std::vector<std::unique_ptr<Batch>> batches;
   std::vector<std::future<void>> committing;
-  for (size_t b = 0; b < reserving.size(); ++b) {
+  for (size_t b = 0; b < (reserving.empty() ? 0 : spans.size()); ++b) {
+    // With reserve_first_alone, the others once the first batch's copy is queued.
+    while (b > 0 && reserving.size() < spans.size()) reserving.push_back(reserve(reserving.size()));
     const auto [first, n] = spans[b];
     clock.Charge(times.launch);
     std::vector<absl::StatusOr<LocalReservation>> reserved = reserving[b].get();
@@ -477,12 +478,16 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
   return results;
 }
 
-std::vector<std::pair<size_t, size_t>> GpuBlockMover::Batches(size_t count) {
+std::vector<std::pair<size_t, size_t>> GpuBlockMover::Batches(size_t count) const {
+  // The last batch's size first (when limited), then the others from the front.
+  const size_t head = std::min(first_batch_, count);
+  const size_t last = last_batch_ == 0 || count - head <= last_batch_ ? 0 : last_batch_;
   std::vector<std::pair<size_t, size_t>> spans;
-  for (size_t first = 0, n = 0; first < count; first += n) {
-    n = std::min(first == 0 ? kFirstBatch : kBatch, count - first);
+  for (size_t first = 0, n = 0; first < count - last; first += n) {
+    n = std::min(first == 0 ? head : batch_, count - last - first);
     spans.emplace_back(first, n);
   }
+  if (last > 0) spans.emplace_back(count - last, last);
   return spans;
 }
 

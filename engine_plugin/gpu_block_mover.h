@@ -66,6 +66,16 @@ struct GpuBlockMoverOptions {
   // first group are in: with a step of C ms over a load of T ms, a tail of at least C / T
   // hides the step behind the copies. 1: every block by groups.
   double layerwise_tail = 0.5;
+  // How a call's keys are cut into batches (one pool round trip and one CopyBlocks each): a
+  // short first batch, so that the GPU starts copying after one short round trip, then
+  // batch_blocks each; the last batch at most last_batch_blocks (0: what remains), so that
+  // the commit a store waits for after its last copy is a short one.
+  size_t first_batch_blocks = 32;
+  size_t batch_blocks = 128;
+  size_t last_batch_blocks = 0;
+  // Stores: the first batch's reservation is asked for alone and the others once its copy is
+  // queued (they then overlap the first copy instead of competing with the first round trip).
+  bool reserve_first_alone = false;
 };
 
 // Where a direction's calls spent their time so far (wall clock of the calling thread):
@@ -159,8 +169,8 @@ class GpuBlockMover : public BlockTransfer {
     absl::Time lease_expiry;
     std::future<std::vector<absl::StatusOr<LocalValue>>> values;
   };
-  // [first, count) of each batch of a call of `count` keys: a short first batch, then kBatch.
-  static std::vector<std::pair<size_t, size_t>> Batches(size_t count);
+  // [first, count) of each batch of a call of `count` keys (the options' batch sizes).
+  std::vector<std::pair<size_t, size_t>> Batches(size_t count) const;
   // Asks the master for every batch at once, each on a thread of its own. None with
   // force_remote. The Located must not move until its values are taken.
   std::vector<Located> LocateBatches(absl::Span<const std::string> keys,
@@ -181,8 +191,14 @@ class GpuBlockMover : public BlockTransfer {
     MoverPhaseTimes times;
   };
 
-  GpuBlockMover(Client& client, bool force_remote, bool gpu_checksums)
-      : client_(client), force_remote_(force_remote), gpu_checksums_(gpu_checksums) {}
+  GpuBlockMover(Client& client, const GpuBlockMoverOptions& options, bool gpu_checksums)
+      : client_(client),
+        force_remote_(options.force_remote),
+        gpu_checksums_(gpu_checksums),
+        first_batch_(std::max<size_t>(1, options.first_batch_blocks)),
+        batch_(std::max<size_t>(1, options.batch_blocks)),
+        last_batch_(options.last_batch_blocks),
+        reserve_first_alone_(options.reserve_first_alone) {}
   absl::Status SetUp(Direction& direction, cudaStream_t stream, uint64_t pinned_bytes);
   // Registers pools mapped since the last call with the CUDA driver.
   absl::Status RegisterNewPools() ABSL_LOCKS_EXCLUDED(pools_mu_);
@@ -205,6 +221,10 @@ class GpuBlockMover : public BlockTransfer {
   Client& client_;
   const bool force_remote_;
   const bool gpu_checksums_;
+  const size_t first_batch_;
+  const size_t batch_;
+  const size_t last_batch_;  // 0: no limit
+  const bool reserve_first_alone_;
   int device_ = 0;  // the device current at Create; made current on every calling thread
   std::vector<kernels::KvSegment> segments_;
   // Groups of layers as runs of segments_: (first segment, count); each layer's group; and the

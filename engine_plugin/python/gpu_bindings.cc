@@ -440,7 +440,8 @@ void BindGpu(py::module_& m) {
                               "pinned staging.")
       .def(py::init([](PyStore& store, py::handle tensors, uint64_t num_blocks,
                        uint32_t block_size, uintptr_t stream, bool force_remote, bool tcp,
-                       bool gpu_checksums) {
+                       bool gpu_checksums, size_t first_batch_blocks, size_t batch_blocks,
+                       size_t last_batch_blocks, bool reserve_first_alone) {
              auto self = std::make_unique<PyGpuBlockMover>();
              self->store = store.store;
              if (self->store == nullptr) throw py::value_error("the store is not set up");
@@ -466,7 +467,11 @@ void BindGpu(py::module_& m) {
                  GpuBlockMoverOptions{.store_stream = cuda_stream,
                                       .load_stream = cuda_stream,
                                       .force_remote = force_remote,
-                                      .gpu_checksums = gpu_checksums});
+                                      .gpu_checksums = gpu_checksums,
+                                      .first_batch_blocks = first_batch_blocks,
+                                      .batch_blocks = batch_blocks,
+                                      .last_batch_blocks = last_batch_blocks,
+                                      .reserve_first_alone = reserve_first_alone});
              if (!mover.ok()) throw std::runtime_error(std::string(mover.status().message()));
              self->mover = std::move(*mover);
              return self;
@@ -474,9 +479,16 @@ void BindGpu(py::module_& m) {
            py::arg("store"), py::arg("tensors"), py::arg("num_blocks"), py::arg("block_size"),
            py::arg("stream") = 0, py::arg("force_remote") = false, py::arg("tcp") = false,
            py::arg("gpu_checksums") = true,
+           py::arg("first_batch_blocks") = GpuBlockMoverOptions{}.first_batch_blocks,
+           py::arg("batch_blocks") = GpuBlockMoverOptions{}.batch_blocks,
+           py::arg("last_batch_blocks") = GpuBlockMoverOptions{}.last_batch_blocks,
+           py::arg("reserve_first_alone") = GpuBlockMoverOptions{}.reserve_first_alone,
            "force_remote: every block through pinned staging and the client (as for another "
            "machine's pool); tcp: that, with a client of the mover's own that uses TCP only; "
-           "gpu_checksums=False: same-host stores hashed by the CPU at commit, loads unchecked.")
+           "gpu_checksums=False: same-host stores hashed by the CPU at commit, loads unchecked; "
+           "first_batch_blocks, batch_blocks, last_batch_blocks (0: no limit), "
+           "reserve_first_alone: how calls are cut into pool round trips "
+           "(GpuBlockMoverOptions).")
       .def("store_blocks",
            [](PyGpuBlockMover& self, const std::vector<std::string>& keys,
               const std::vector<int32_t>& block_ids) {

@@ -148,18 +148,26 @@ def test_mixed_cpu_and_gpu_caches_are_refused(pool, open_store):
     worker.close()
 
 
-def test_gpu_cache_round_trips_through_shared_memory(pool, open_store):
+@pytest.mark.parametrize("plan", [{}, dict(first_batch_blocks=3, batch_blocks=5, last_batch_blocks=2,
+                                          reserve_first_alone=True),
+                                  dict(first_batch_blocks=1, batch_blocks=1, last_batch_blocks=1)],
+                         ids=["default", "3-5-2-alone", "one-by-one"])
+def test_gpu_cache_round_trips_through_shared_memory(pool, open_store, plan):
     store = open_store(pool.master())
     blocks, block_size = 64, 16
     cache = torch.randn(2, blocks, block_size, 8, 128, dtype=torch.bfloat16, device="cuda")
     original = cache.clone()
-    mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size)
-    keys = [f"gpu/{i}" for i in range(blocks)]
+    mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size, **plan)
+    keys = [f"gpu/{len(plan)}/{i}" for i in range(blocks)]
     assert mover.store_blocks(keys, list(range(blocks))) == [0] * blocks
     cache.zero_()
     assert mover.load_blocks(keys, list(range(blocks))) == [0] * blocks
     torch.cuda.synchronize()
     assert torch.equal(cache, original)
+    # Key i into block blocks-1-i: every key's bytes land in the block asked for.
+    assert mover.load_blocks(keys, list(reversed(range(blocks)))) == [0] * blocks
+    torch.cuda.synchronize()
+    assert torch.equal(cache, original.flip(1))
 
 
 @pytest.mark.parametrize("path", ["force_remote", "tcp"])

@@ -105,6 +105,7 @@ def bench_bandwidth(master, args):
     cache = caches[0]
     nbytes = n * cache[0].numel() * cache.element_size()
     pin = pinned_copy(nbytes)
+    pin["bytes"] = nbytes
     store = open_store(master)
     mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs)
     ids_a, ids_b = list(range(n)), list(range(n, 2 * n))
@@ -198,9 +199,62 @@ def bench_bandwidth(master, args):
     fmt = lambda d: ", ".join(f"{k[:-3]} {v:.2f}" for k, v in d.items())
     say(f"Per call of {n} blocks, ms: store: {fmt(store_phases)}; load: {fmt(load_phases)}")
     say()
+    if args.bw_batching:
+        bench_batching(store, cache, n, bs, ids_a, ids_b, pin, args)
     del mover, cache, caches
     store.close()
     torch.cuda.empty_cache()
+
+
+def bench_batching(store, cache, n, bs, ids_a, ids_b, pin, args):
+    """The same 1 GiB store and load with movers that cut calls into other batches."""
+    say("### Batch plans (first:middle:last:first-alone), same cache and pool")
+    say("| plan | store GB/s | x pinned | to first copy ms | after last copy ms | load GB/s | "
+        "x pinned | load to first copy ms |")
+    say("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for plan in args.bw_batching.split(","):
+        first, middle, last, alone = (int(x) for x in plan.split(":"))
+        mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs, first_batch_blocks=first,
+                                     batch_blocks=middle, last_batch_blocks=last,
+                                     reserve_first_alone=bool(alone))
+        rep = [0]
+
+        def do_store():
+            rep[0] += 1
+            codes = mover.store_blocks([f"plan/{plan}/{rep[0]}/{i}" for i in range(n)], ids_a)
+            assert codes == [0] * n, set(codes)
+
+        before = mover.phase_times()["store"]
+        t_store = timed(do_store, reps=args.reps)
+        after = mover.phase_times()["store"]
+        calls = max(1, after["calls"] - before["calls"])
+        head = (after["to_first_copy_ms"] - before["to_first_copy_ms"]) / calls
+        tail = (after["after_last_copy_ms"] - before["after_last_copy_ms"]) / calls
+        load_keys = [f"plan/{plan}/1/{i}" for i in range(n)]
+
+        def do_load():
+            codes = mover.load_blocks(load_keys, ids_b)
+            assert codes == [0] * n, set(codes)
+
+        before = mover.phase_times()["load"]
+        t_load = timed(do_load, reps=args.reps)
+        after = mover.phase_times()["load"]
+        load_head = (after["to_first_copy_ms"] - before["to_first_copy_ms"]) / max(
+            1, after["calls"] - before["calls"])
+        assert torch.equal(cache[:n], cache[n:])
+        nbytes = pin["bytes"]
+        row = {"plan": plan, "store_GBps": nbytes / t_store / 1e9,
+               "load_GBps": nbytes / t_load / 1e9, "store_to_first_copy_ms": head,
+               "store_after_last_copy_ms": tail, "load_to_first_copy_ms": load_head}
+        rows.append(row)
+        say(f"| {plan} | {row['store_GBps']:.1f} | {row['store_GBps'] / pin['d2h']:.2f} | "
+            f"{head:.2f} | {tail:.2f} | {row['load_GBps']:.1f} | "
+            f"{row['load_GBps'] / pin['h2d']:.2f} | {load_head:.2f} |")
+        del mover
+        store.remove_all(True)
+    say()
+    results["bandwidth_batching"] = rows
 
 
 # --- 2. ops vs launchers -----------------------------------------------------------------
@@ -712,6 +766,10 @@ def main():
     p.add_argument("--decode-tokens", type=int, default=8)
     p.add_argument("--bw-blocks", type=int, default=512)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--bw-batching", default="",
+                   help="also time stores and loads with other batch plans, comma-separated "
+                        "FIRST:MIDDLE:LAST:ALONE (GpuBlockMover's first_batch_blocks, "
+                        "batch_blocks, last_batch_blocks, reserve_first_alone)")
     p.add_argument("--pool", default="10GiB")
     p.add_argument("--segment-arg", action="append", default=[],
                    help="a kvpool-segment flag, e.g. --segment-arg=--verify-commits=false")
