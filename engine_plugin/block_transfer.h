@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,14 @@ class BlockTransfer {
   // now (LoadBlocks) and returns a load whose layers have all landed.
   virtual std::unique_ptr<LayerwiseLoad> StartLayerwiseLoad(absl::Span<const std::string> keys,
                                                             absl::Span<const int32_t> block_ids);
+  // The lookup of keys this transfer may load next (StoreWorker::Lookup, the scheduler's
+  // prefix query): per key whether the pool holds it. A transfer may keep the leased
+  // locations it learns for the next load of those keys, which then skips that round trip to
+  // the master; never past their lease. nullopt (the default): no such path, the caller asks
+  // the store whether the keys exist.
+  virtual std::optional<std::vector<bool>> Locate(absl::Span<const std::string> keys) {
+    return std::nullopt;
+  }
   // Makes `stream` wait until layer `layer` of the latest layer-wise load has landed (as
   // LayerwiseLoad::WaitForLayer; nothing to wait for before the first). A layer past the
   // transfer's last waits for its last (a cross-layer cache is one layer). The default (loads

@@ -253,18 +253,13 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   // and each other: what remains in sight is the first reservation and the last commit.
   const std::vector<std::pair<size_t, size_t>> spans = Batches(keys.size());
   std::vector<std::future<std::vector<absl::StatusOr<LocalReservation>>>> reserving;
-  auto reserve = [&](size_t b) {
-    const auto [first, n] = spans[b];
-    std::vector<uint64_t> sizes(n, bytes_per_block_);
-    return std::async(std::launch::async,
-                      [this, k = keys.subspan(first, n), sizes = std::move(sizes)] {
-                        return client_.BatchReserveLocal(k, sizes);
-                      });
-  };
   if (!force_remote_) {
-    for (size_t b = 0; b < spans.size(); ++b) {
-      if (b == 1 && reserve_first_alone_) break;  // the others in the loop below
-      reserving.push_back(reserve(b));
+    for (const auto& [first, n] : spans) {
+      std::vector<uint64_t> sizes(n, bytes_per_block_);
+      reserving.push_back(std::async(std::launch::async,
+                                     [this, k = keys.subspan(first, n), sizes = std::move(sizes)] {
+                                       return client_.BatchReserveLocal(k, sizes);
+                                     }));
     }
   }
   // Waits for the batch's copy, then commits it with the checksums the GPU computed.
@@ -287,9 +282,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   };
   std::vector<std::unique_ptr<Batch>> batches;
   std::vector<std::future<void>> committing;
-  for (size_t b = 0; b < (reserving.empty() ? 0 : spans.size()); ++b) {
-    // With reserve_first_alone, the others once the first batch's copy is queued.
-    while (b > 0 && reserving.size() < spans.size()) reserving.push_back(reserve(reserving.size()));
+  for (size_t b = 0; b < reserving.size(); ++b) {
     const auto [first, n] = spans[b];
     clock.Charge(times.launch);
     std::vector<absl::StatusOr<LocalReservation>> reserved = reserving[b].get();
@@ -492,17 +485,82 @@ std::vector<std::pair<size_t, size_t>> GpuBlockMover::Batches(size_t count) cons
 }
 
 std::vector<GpuBlockMover::Located> GpuBlockMover::LocateBatches(
-    absl::Span<const std::string> keys, const std::vector<std::pair<size_t, size_t>>& spans) {
+    absl::Span<const std::string> keys, const std::vector<std::pair<size_t, size_t>>& spans,
+    bool kept) {
   std::vector<Located> located;
   if (force_remote_) return located;
   for (const auto& [first, n] : spans) located.push_back(Located{.first = first, .n = n});
+  const absl::Time usable_until = absl::Now() + kLocatedMargin;
   for (Located& batch : located) {
-    batch.values = std::async(std::launch::async,
-                              [this, k = keys.subspan(batch.first, batch.n), &batch] {
-                                return client_.BatchGetLocal(k, &batch.lease_expiry);
-                              });
+    // The locations Locate kept for this batch's keys (each used once), the others asked for.
+    std::vector<absl::StatusOr<LocalValue>> values(batch.n, absl::UnknownError("not located"));
+    std::vector<size_t> ask;
+    absl::Time expiry = absl::InfiniteFuture();
+    {
+      absl::MutexLock lock(&located_mu_);
+      for (size_t i = 0; i < batch.n; ++i) {
+        auto it = kept && !located_.empty() ? located_.find(keys[batch.first + i])
+                                            : located_.end();
+        if (it != located_.end() && it->second.lease_expiry > usable_until) {
+          values[i] = it->second.value;
+          expiry = std::min(expiry, it->second.lease_expiry);
+        } else {
+          ask.push_back(i);
+        }
+        if (it != located_.end()) located_.erase(it);
+      }
+    }
+    if (ask.empty()) {
+      batch.lease_expiry = expiry;
+      std::promise<std::vector<absl::StatusOr<LocalValue>>> ready;
+      ready.set_value(std::move(values));
+      batch.values = ready.get_future();
+      continue;
+    }
+    batch.values = std::async(
+        std::launch::async, [this, k = keys.subspan(batch.first, batch.n), &batch, expiry,
+                             values = std::move(values), ask = std::move(ask)]() mutable {
+          std::vector<std::string> asked;
+          asked.reserve(ask.size());
+          for (size_t i : ask) asked.push_back(k[i]);
+          absl::Time asked_expiry = absl::InfiniteFuture();
+          std::vector<absl::StatusOr<LocalValue>> answered =
+              client_.BatchGetLocal(asked, &asked_expiry);
+          for (size_t j = 0; j < ask.size(); ++j) values[ask[j]] = std::move(answered[j]);
+          batch.lease_expiry = std::min(expiry, asked_expiry);
+          return std::move(values);
+        });
   }
   return located;
+}
+
+std::optional<std::vector<bool>> GpuBlockMover::Locate(absl::Span<const std::string> keys) {
+  if (force_remote_) return std::nullopt;
+  std::vector<Located> located = LocateBatches(keys, Batches(keys.size()), /*kept=*/false);
+  std::vector<bool> present(keys.size(), false);
+  for (Located& batch : located) {
+    std::vector<absl::StatusOr<LocalValue>> values = batch.values.get();
+    absl::MutexLock lock(&located_mu_);
+    if (located_.size() + batch.n > kMaxLocated) {
+      // Full (lookups whose loads never came): drop what is expired, else everything.
+      absl::erase_if(located_, [now = absl::Now()](const auto& entry) {
+        return entry.second.lease_expiry <= now;
+      });
+      if (located_.size() + batch.n > kMaxLocated) located_.clear();
+    }
+    for (size_t i = 0; i < batch.n; ++i) {
+      const std::string& key = keys[batch.first + i];
+      if (values[i].ok()) {
+        present[batch.first + i] = true;
+        located_.insert_or_assign(key, KeptLocation{*values[i], batch.lease_expiry});
+      } else {
+        // On another machine's pool: there, loaded over the network.
+        present[batch.first + i] = absl::IsFailedPrecondition(values[i].status());
+        located_.erase(key);
+      }
+    }
+  }
+  return present;
 }
 
 void GpuBlockMover::LoadRemote(absl::Span<const std::string> keys,

@@ -27,10 +27,12 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -73,9 +75,6 @@ struct GpuBlockMoverOptions {
   size_t first_batch_blocks = 32;
   size_t batch_blocks = 128;
   size_t last_batch_blocks = 0;
-  // Stores: the first batch's reservation is asked for alone and the others once its copy is
-  // queued (they then overlap the first copy instead of competing with the first round trip).
-  bool reserve_first_alone = false;
 };
 
 // Where a direction's calls spent their time so far (wall clock of the calling thread):
@@ -135,6 +134,15 @@ class GpuBlockMover : public BlockTransfer {
                                                     absl::Span<const int32_t> block_ids)
       ABSL_LOCKS_EXCLUDED(load_.mu) override;
   absl::Status WaitForLayer(int layer, uintptr_t stream) override;
+  // Locates the keys now (one master round trip per batch, side by side) and keeps, for each
+  // key with a replica on a pool of this machine, its leased location: the next load of the
+  // key takes it instead of asking the master, while at least kLocatedMargin of its lease is
+  // left (else it asks again). Keys on another machine's pool count as present. nullopt with
+  // force_remote (nothing to keep). Keeps at most kMaxLocated keys.
+  std::optional<std::vector<bool>> Locate(absl::Span<const std::string> keys)
+      ABSL_LOCKS_EXCLUDED(located_mu_) override;
+  static constexpr absl::Duration kLocatedMargin = absl::Seconds(1);
+  static constexpr size_t kMaxLocated = size_t{1} << 16;
   int num_layers() const { return static_cast<int>(group_of_layer_.size()); }
 
   uint64_t bytes_per_block() const { return bytes_per_block_; }
@@ -171,10 +179,17 @@ class GpuBlockMover : public BlockTransfer {
   };
   // [first, count) of each batch of a call of `count` keys (the options' batch sizes).
   std::vector<std::pair<size_t, size_t>> Batches(size_t count) const;
-  // Asks the master for every batch at once, each on a thread of its own. None with
-  // force_remote. The Located must not move until its values are taken.
+  // Asks the master for every batch at once, each on a thread of its own, for the keys whose
+  // location Locate did not keep (`kept`: take those). None with force_remote. The Located
+  // must not move until its values are taken.
   std::vector<Located> LocateBatches(absl::Span<const std::string> keys,
-                                     const std::vector<std::pair<size_t, size_t>>& spans);
+                                     const std::vector<std::pair<size_t, size_t>>& spans,
+                                     bool kept = true) ABSL_LOCKS_EXCLUDED(located_mu_);
+  // A location Locate kept.
+  struct KeptLocation {
+    LocalValue value;
+    absl::Time lease_expiry;
+  };
 
   // What one direction owns: its stream, its device staging, its pinned buffer.
   struct Direction {
@@ -197,8 +212,7 @@ class GpuBlockMover : public BlockTransfer {
         gpu_checksums_(gpu_checksums),
         first_batch_(std::max<size_t>(1, options.first_batch_blocks)),
         batch_(std::max<size_t>(1, options.batch_blocks)),
-        last_batch_(options.last_batch_blocks),
-        reserve_first_alone_(options.reserve_first_alone) {}
+        last_batch_(options.last_batch_blocks) {}
   absl::Status SetUp(Direction& direction, cudaStream_t stream, uint64_t pinned_bytes);
   // Registers pools mapped since the last call with the CUDA driver.
   absl::Status RegisterNewPools() ABSL_LOCKS_EXCLUDED(pools_mu_);
@@ -224,7 +238,6 @@ class GpuBlockMover : public BlockTransfer {
   const size_t first_batch_;
   const size_t batch_;
   const size_t last_batch_;  // 0: no limit
-  const bool reserve_first_alone_;
   int device_ = 0;  // the device current at Create; made current on every calling thread
   std::vector<kernels::KvSegment> segments_;
   // Groups of layers as runs of segments_: (first segment, count); each layer's group; and the
@@ -238,6 +251,8 @@ class GpuBlockMover : public BlockTransfer {
   uint64_t* layerwise_sums_ ABSL_GUARDED_BY(load_.mu) = nullptr;
   size_t layerwise_sums_capacity_ ABSL_GUARDED_BY(load_.mu) = 0;
   uint64_t bytes_per_block_ = 0;
+  absl::Mutex located_mu_;
+  absl::flat_hash_map<std::string, KeptLocation> located_ ABSL_GUARDED_BY(located_mu_);
   Direction store_;
   Direction load_;
   absl::Mutex pools_mu_;

@@ -328,13 +328,71 @@ class HostBlockTransfer : public BlockTransfer {
     }
     return out;
   }
+  // With `locates`, answers lookups itself (as GpuBlockMover does, keeping locations).
+  std::optional<std::vector<bool>> Locate(absl::Span<const std::string> keys) override {
+    if (!locates) return std::nullopt;
+    located_keys.emplace_back(keys.begin(), keys.end());
+    std::vector<bool> present;
+    for (const std::string& key : keys) present.push_back(store_.Value(key).has_value());
+    return present;
+  }
   std::vector<int32_t> stored_ids, loaded_ids;
   absl::Status store_status;
+  bool locates = false;
+  std::vector<std::vector<std::string>> located_keys;
 
  private:
   FakeStore& store_;
   KvCacheLayout layout_;
 };
+
+// The scheduler's lookup asks the transfer about this rank's own keys (it keeps their
+// locations for the load) and the store about the other ranks' keys, each key once.
+TEST(StoreWorkerTest, LookupLocatesThisRanksKeysThroughTheTransfer) {
+  FakeStore store;
+  Layer l0;
+  StoreWorkerOptions o = Options();
+  o.tp_size = 2;
+  o.num_kv_heads = 2;
+  o.tp_rank = 1;
+  std::unique_ptr<StoreWorker> worker = *StoreWorker::Create(store, o);
+  HostBlockTransfer* transfer = nullptr;
+  ASSERT_TRUE(worker
+                  ->RegisterDeviceKvCaches(
+                      {l0.Desc()}, kBlocks,
+                      [&](const KvCacheLayout& layout)
+                          -> absl::StatusOr<std::unique_ptr<BlockTransfer>> {
+                        auto t = std::make_unique<HostBlockTransfer>(store, layout);
+                        t->locates = true;
+                        transfer = t.get();
+                        return std::unique_ptr<BlockTransfer>(std::move(t));
+                      })
+                  .ok());
+  std::vector<std::string> hashes = {"h0", "h1", "h2"};
+  auto key = [](int tp, const std::string& hash) {
+    return PoolKey({.model_name = "tiny-model", .tp_rank = tp}, hash);
+  };
+  for (const std::string& h : hashes) store.Set(key(0, h), "v");
+  store.Set(key(1, "h0"), "v");
+  store.Set(key(1, "h1"), "v");
+  EXPECT_EQ(worker->Lookup(12, hashes), 8u);  // rank 1 lacks h2
+  ASSERT_EQ(transfer->located_keys.size(), 1u);
+  EXPECT_EQ(transfer->located_keys[0],
+            (std::vector<std::string>{key(1, "h0"), key(1, "h1"), key(1, "h2")}));
+  EXPECT_EQ(store.exist_keys().back(),
+            (std::vector<std::string>{key(0, "h0"), key(0, "h1"), key(0, "h2")}));
+  store.Set(key(1, "h2"), "v");
+  EXPECT_EQ(worker->Lookup(12, hashes), 12u);
+  std::vector<std::string> other = {"h0", "g1", "h2"};
+  store.Set(key(1, "g1"), "v");
+  EXPECT_EQ(worker->Lookup(12, other), 4u);  // rank 0 lacks g1
+
+  // A transfer without a lookup path of its own: the store is asked about every key.
+  transfer->locates = false;
+  EXPECT_EQ(worker->Lookup(12, other), 4u);
+  EXPECT_EQ(store.exist_keys().back().size(), 6u);
+  EXPECT_EQ(transfer->located_keys.size(), 3u);
+}
 
 TEST(StoreWorkerTest, DeviceCachesMoveWholeBlocksThroughTheTransfer) {
   FakeStore store;

@@ -441,7 +441,7 @@ void BindGpu(py::module_& m) {
       .def(py::init([](PyStore& store, py::handle tensors, uint64_t num_blocks,
                        uint32_t block_size, uintptr_t stream, bool force_remote, bool tcp,
                        bool gpu_checksums, size_t first_batch_blocks, size_t batch_blocks,
-                       size_t last_batch_blocks, bool reserve_first_alone) {
+                       size_t last_batch_blocks) {
              auto self = std::make_unique<PyGpuBlockMover>();
              self->store = store.store;
              if (self->store == nullptr) throw py::value_error("the store is not set up");
@@ -470,8 +470,7 @@ void BindGpu(py::module_& m) {
                                       .gpu_checksums = gpu_checksums,
                                       .first_batch_blocks = first_batch_blocks,
                                       .batch_blocks = batch_blocks,
-                                      .last_batch_blocks = last_batch_blocks,
-                                      .reserve_first_alone = reserve_first_alone});
+                                      .last_batch_blocks = last_batch_blocks});
              if (!mover.ok()) throw std::runtime_error(std::string(mover.status().message()));
              self->mover = std::move(*mover);
              return self;
@@ -482,13 +481,11 @@ void BindGpu(py::module_& m) {
            py::arg("first_batch_blocks") = GpuBlockMoverOptions{}.first_batch_blocks,
            py::arg("batch_blocks") = GpuBlockMoverOptions{}.batch_blocks,
            py::arg("last_batch_blocks") = GpuBlockMoverOptions{}.last_batch_blocks,
-           py::arg("reserve_first_alone") = GpuBlockMoverOptions{}.reserve_first_alone,
            "force_remote: every block through pinned staging and the client (as for another "
            "machine's pool); tcp: that, with a client of the mover's own that uses TCP only; "
            "gpu_checksums=False: same-host stores hashed by the CPU at commit, loads unchecked; "
-           "first_batch_blocks, batch_blocks, last_batch_blocks (0: no limit), "
-           "reserve_first_alone: how calls are cut into pool round trips "
-           "(GpuBlockMoverOptions).")
+           "first_batch_blocks, batch_blocks, last_batch_blocks (0: no limit): how calls are "
+           "cut into pool round trips (GpuBlockMoverOptions).")
       .def("store_blocks",
            [](PyGpuBlockMover& self, const std::vector<std::string>& keys,
               const std::vector<int32_t>& block_ids) {
@@ -507,6 +504,16 @@ void BindGpu(py::module_& m) {
              py::gil_scoped_release release;
              return Codes(self.mover->LoadBlocks(keys, block_ids));
            })
+      .def("locate",
+           [](PyGpuBlockMover& self, const std::vector<std::string>& keys) {
+             py::gil_scoped_release release;
+             std::optional<std::vector<bool>> present = self.mover->Locate(keys);
+             return present.value_or(std::vector<bool>());
+           },
+           py::arg("keys"),
+           "Whether the pool holds each key; keeps the leased locations of keys on this "
+           "machine's pools for the next load of them (StoreWorker.lookup does this). [] with "
+           "force_remote or tcp.")
       .def("phase_times",
            [](PyGpuBlockMover& self) {
              auto as_dict = [](const MoverPhaseTimes& t) {

@@ -148,17 +148,16 @@ def test_mixed_cpu_and_gpu_caches_are_refused(pool, open_store):
     worker.close()
 
 
-@pytest.mark.parametrize("plan", [{}, dict(first_batch_blocks=3, batch_blocks=5, last_batch_blocks=2,
-                                          reserve_first_alone=True),
+@pytest.mark.parametrize("plan", [{}, dict(first_batch_blocks=3, batch_blocks=5, last_batch_blocks=2),
                                   dict(first_batch_blocks=1, batch_blocks=1, last_batch_blocks=1)],
-                         ids=["default", "3-5-2-alone", "one-by-one"])
+                         ids=["default", "3-5-2", "one-by-one"])
 def test_gpu_cache_round_trips_through_shared_memory(pool, open_store, plan):
     store = open_store(pool.master())
     blocks, block_size = 64, 16
     cache = torch.randn(2, blocks, block_size, 8, 128, dtype=torch.bfloat16, device="cuda")
     original = cache.clone()
     mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size, **plan)
-    keys = [f"gpu/{len(plan)}/{i}" for i in range(blocks)]
+    keys = [f"gpu/{plan.get('batch_blocks', 0)}/{i}" for i in range(blocks)]
     assert mover.store_blocks(keys, list(range(blocks))) == [0] * blocks
     cache.zero_()
     assert mover.load_blocks(keys, list(range(blocks))) == [0] * blocks
@@ -168,6 +167,31 @@ def test_gpu_cache_round_trips_through_shared_memory(pool, open_store, plan):
     assert mover.load_blocks(keys, list(reversed(range(blocks)))) == [0] * blocks
     torch.cuda.synchronize()
     assert torch.equal(cache, original.flip(1))
+
+
+def test_located_keys_load_from_their_kept_locations(pool, open_store):
+    # A lookup (locate) keeps each found key's leased location; the load then copies from it
+    # without asking the master, and a location is used once: a second load asks again.
+    store = open_store(pool.master())
+    blocks, block_size = 40, 16
+    cache = rand(2, blocks, block_size, 8, 128, seed=11)
+    original = cache.clone()
+    mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size, first_batch_blocks=7,
+                                 batch_blocks=9)
+    keys = [f"kept/{i}" for i in range(blocks // 2)]
+    assert mover.store_blocks(keys, list(range(blocks // 2))) == [0] * (blocks // 2)
+    assert mover.locate(keys + ["kept/none"]) == [True] * (blocks // 2) + [False]
+    ids = list(range(blocks // 2, blocks))
+    assert mover.load_blocks(keys, ids) == [0] * (blocks // 2)
+    torch.cuda.synchronize()
+    assert torch.equal(cache[:, blocks // 2:], original[:, :blocks // 2])
+    # Half the keys kept again, the others asked for, in the same batches.
+    assert mover.locate(keys[::2]) == [True] * len(keys[::2])
+    cache[:, blocks // 2:].zero_()
+    assert mover.load_blocks(list(reversed(keys)), ids) == [0] * (blocks // 2)
+    torch.cuda.synchronize()
+    assert torch.equal(cache[:, blocks // 2:], original[:, :blocks // 2].flip(1))
+    assert mover.load_blocks(["kept/none"], [0]) == [kvpool.OBJECT_NOT_FOUND]
 
 
 @pytest.mark.parametrize("path", ["force_remote", "tcp"])

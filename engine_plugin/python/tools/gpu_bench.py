@@ -208,16 +208,15 @@ def bench_bandwidth(master, args):
 
 def bench_batching(store, cache, n, bs, ids_a, ids_b, pin, args):
     """The same 1 GiB store and load with movers that cut calls into other batches."""
-    say("### Batch plans (first:middle:last:first-alone), same cache and pool")
+    say("### Batch plans (first:middle:last), same cache and pool")
     say("| plan | store GB/s | x pinned | to first copy ms | after last copy ms | load GB/s | "
         "x pinned | load to first copy ms |")
     say("|---|---|---|---|---|---|---|---|")
     rows = []
     for plan in args.bw_batching.split(","):
-        first, middle, last, alone = (int(x) for x in plan.split(":"))
+        first, middle, last = (int(x) for x in plan.split(":"))
         mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs, first_batch_blocks=first,
-                                     batch_blocks=middle, last_batch_blocks=last,
-                                     reserve_first_alone=bool(alone))
+                                     batch_blocks=middle, last_batch_blocks=last)
         rep = [0]
 
         def do_store():
@@ -768,8 +767,8 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bw-batching", default="",
                    help="also time stores and loads with other batch plans, comma-separated "
-                        "FIRST:MIDDLE:LAST:ALONE (GpuBlockMover's first_batch_blocks, "
-                        "batch_blocks, last_batch_blocks, reserve_first_alone)")
+                        "FIRST:MIDDLE:LAST (GpuBlockMover's first_batch_blocks, "
+                        "batch_blocks, last_batch_blocks)")
     p.add_argument("--pool", default="10GiB")
     p.add_argument("--segment-arg", action="append", default=[],
                    help="a kvpool-segment flag, e.g. --segment-arg=--verify-commits=false")
