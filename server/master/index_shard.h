@@ -23,19 +23,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/pin_mode.h"
 #include "re2/re2.h"
 #include "server/master/object_list.h"
 #include "server/master/segment_registry.h"
 
 namespace kvpool::master {
-
-enum class PinMode : uint8_t {
-  kNone = 0,
-  // Evicted only when nothing unpinned can go.
-  kSoft = 1,
-  // Never evicted (removed only on request).
-  kHard = 2,
-};
 
 // One copy of an object's bytes: [offset, offset + size) of a segment's pool.
 struct Replica {

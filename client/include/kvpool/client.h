@@ -33,13 +33,14 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/pin_mode.h"
 
 namespace kvpool {
 
@@ -112,14 +113,6 @@ struct ClientOptions {
   // This machine's host name as segments advertise it: replicas on this host are read
   // first, and PutOptions::prefer_local_segment puts new objects here. Default: hostname.
   std::string local_host;
-};
-
-enum class PinMode {
-  kNone,
-  // Evicted only when nothing unpinned can go.
-  kSoft,
-  // Never evicted; removed only on request.
-  kHard,
 };
 
 struct PutOptions {
