@@ -122,7 +122,9 @@ class StoreWorker {
   // How many leading tokens of a request (its first `token_len` tokens, named by
   // `block_hashes`) the pool holds for every TP rank (as many as hold distinct KV heads) and
   // every PP rank: the start of the first chunk missing for any rank, or the end of the last
-  // chunk if none is. A store that cannot answer counts as missing.
+  // chunk if none is. A store that cannot answer counts as missing. This rank's own keys are
+  // asked of the block transfer when it locates (BlockTransfer::Locate), which keeps their
+  // leased locations for the load that follows; the others of the store (BatchExist).
   uint64_t Lookup(uint64_t token_len, absl::Span<const std::string> block_hashes) const;
 
   // Block ids whose load failed since the last call (the engine should recompute them).
