@@ -499,8 +499,7 @@ std::vector<GpuBlockMover::Located> GpuBlockMover::LocateBatches(
     {
       absl::MutexLock lock(&located_mu_);
       for (size_t i = 0; i < batch.n; ++i) {
-        auto it = kept && !located_.empty() ? located_.find(keys[batch.first + i])
-                                            : located_.end();
+        auto it = kept ? located_.find(keys[batch.first + i]) : located_.end();
         if (it != located_.end() && it->second.lease_expiry > usable_until) {
           values[i] = it->second.value;
           expiry = std::min(expiry, it->second.lease_expiry);

@@ -245,33 +245,28 @@ uint64_t StoreWorker::Lookup(uint64_t token_len, absl::Span<const std::string> b
   }
   // This rank's own keys through the block transfer, which keeps their leased locations for
   // the load that usually follows (one master round trip fewer before its first copy).
-  const KeyMetadata& own = token_database_.metadata();
-  std::vector<size_t> own_rows;  // indices into keys
+  // Their row: keys [own, own + chunks.size()) when the transfer answered, else none.
+  const KeyMetadata& rank = token_database_.metadata();
+  size_t own = keys.size();
   std::optional<std::vector<bool>> located;
-  if (transfer_ != nullptr && own.tp_rank < tp_ranks && own.pp_rank < options_.pp_size) {
-    const size_t row = static_cast<size_t>(own.pp_rank * tp_ranks + own.tp_rank) * chunks.size();
+  if (transfer_ != nullptr && rank.tp_rank < tp_ranks && rank.pp_rank < options_.pp_size) {
+    const size_t row =
+        static_cast<size_t>(rank.pp_rank * tp_ranks + rank.tp_rank) * chunks.size();
     located = transfer_->Locate(absl::MakeConstSpan(keys).subspan(row, chunks.size()));
-    for (size_t c = 0; located.has_value() && c < chunks.size(); ++c) own_rows.push_back(row + c);
+    if (located.has_value()) own = row;
   }
+  auto is_own = [&](size_t k) { return k >= own && k < own + chunks.size(); };
   std::vector<std::string> others;
-  for (size_t k = 0, o = 0; k < keys.size(); ++k) {
-    if (o < own_rows.size() && own_rows[o] == k) {
-      ++o;
-    } else {
-      others.push_back(keys[k]);
-    }
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (!is_own(k)) others.push_back(keys[k]);
   }
   std::vector<absl::StatusOr<bool>> exists =
       others.empty() ? std::vector<absl::StatusOr<bool>>() : store_.BatchExist(others);
   size_t first_missing = chunks.size();
-  for (size_t k = 0, o = 0, e = 0; k < keys.size(); ++k) {
-    bool present;
-    if (o < own_rows.size() && own_rows[o] == k) {
-      present = (*located)[o++];
-    } else {
-      present = e < exists.size() && exists[e].ok() && *exists[e];
-      ++e;
-    }
+  for (size_t k = 0, e = 0; k < keys.size(); ++k) {
+    const bool present = is_own(k) ? (*located)[k - own]
+                                   : (e < exists.size() && exists[e].ok() && *exists[e]);
+    if (!is_own(k)) ++e;
     if (!present) first_missing = std::min(first_missing, k % chunks.size());
   }
   if (first_missing < chunks.size()) return chunks[first_missing].start;

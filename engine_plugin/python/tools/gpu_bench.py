@@ -58,6 +58,20 @@ def timed(fn, reps=5, warmup=1):
     return statistics.median(times)
 
 
+STORE_PHASES = ("master_ms", "launch_ms", "wait_ms", "commit_ms", "total_ms", "to_first_copy_ms",
+                "after_last_copy_ms")
+LOAD_PHASES = ("master_ms", "launch_ms", "wait_ms", "total_ms", "to_first_copy_ms")
+
+
+def timed_phases(mover, direction, fn, reps, phases):
+    """timed(fn) and the mover's phase times (ms) per call of `direction` meanwhile."""
+    before = mover.phase_times()[direction]
+    t = timed(fn, reps=reps)
+    after = mover.phase_times()[direction]
+    calls = max(1, after["calls"] - before["calls"])
+    return t, {k: (after[k] - before[k]) / calls for k in phases}
+
+
 def open_store(master):
     store = kvpool.Store()
     assert store.setup({"master_server_address": master, "global_segment_size": 0,
@@ -119,13 +133,7 @@ def bench_bandwidth(master, args):
         codes = mover.store_blocks(keys("s"), ids_a)
         assert codes == [0] * n, set(codes)
 
-    mover.phase_times()  # (cumulative; differences below)
-    before = mover.phase_times()["store"]
-    t_store = timed(do_store, reps=args.reps)
-    after = mover.phase_times()["store"]
-    store_phases = {k: (after[k] - before[k]) / max(1, after["calls"] - before["calls"])
-                    for k in ("master_ms", "launch_ms", "wait_ms", "commit_ms", "total_ms",
-                              "to_first_copy_ms", "after_last_copy_ms")}
+    t_store, store_phases = timed_phases(mover, "store", do_store, args.reps, STORE_PHASES)
     store.remove_all(True)
     # The same store with the checksums computed by the CPU at commit (the old path).
     cpu_mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs, gpu_checksums=False)
@@ -148,11 +156,7 @@ def bench_bandwidth(master, args):
         codes = mover.load_blocks(load_keys, ids_b)
         assert codes == [0] * n, set(codes)
 
-    before = mover.phase_times()["load"]
-    t_load = timed(do_load, reps=args.reps)
-    after = mover.phase_times()["load"]
-    load_phases = {k: (after[k] - before[k]) / max(1, after["calls"] - before["calls"])
-                   for k in ("master_ms", "launch_ms", "wait_ms", "total_ms", "to_first_copy_ms")}
+    t_load, load_phases = timed_phases(mover, "load", do_load, args.reps, LOAD_PHASES)
     assert torch.equal(cache[:n], cache[n:])
 
     # Both at once: load set A into B's blocks while storing blocks A under new keys.
@@ -224,23 +228,16 @@ def bench_batching(store, cache, n, bs, ids_a, ids_b, pin, args):
             codes = mover.store_blocks([f"plan/{plan}/{rep[0]}/{i}" for i in range(n)], ids_a)
             assert codes == [0] * n, set(codes)
 
-        before = mover.phase_times()["store"]
-        t_store = timed(do_store, reps=args.reps)
-        after = mover.phase_times()["store"]
-        calls = max(1, after["calls"] - before["calls"])
-        head = (after["to_first_copy_ms"] - before["to_first_copy_ms"]) / calls
-        tail = (after["after_last_copy_ms"] - before["after_last_copy_ms"]) / calls
+        t_store, store_phases = timed_phases(mover, "store", do_store, args.reps, STORE_PHASES)
+        head, tail = store_phases["to_first_copy_ms"], store_phases["after_last_copy_ms"]
         load_keys = [f"plan/{plan}/1/{i}" for i in range(n)]
 
         def do_load():
             codes = mover.load_blocks(load_keys, ids_b)
             assert codes == [0] * n, set(codes)
 
-        before = mover.phase_times()["load"]
-        t_load = timed(do_load, reps=args.reps)
-        after = mover.phase_times()["load"]
-        load_head = (after["to_first_copy_ms"] - before["to_first_copy_ms"]) / max(
-            1, after["calls"] - before["calls"])
+        t_load, load_phases = timed_phases(mover, "load", do_load, args.reps, LOAD_PHASES)
+        load_head = load_phases["to_first_copy_ms"]
         assert torch.equal(cache[:n], cache[n:])
         nbytes = pin["bytes"]
         row = {"plan": plan, "store_GBps": nbytes / t_store / 1e9,
