@@ -3,10 +3,13 @@
 # against its CPU reference, then benchmarks them next to their ceilings and PyTorch SDPA.
 # Logs and tables go to $OUT (or ./gpu-out).
 #
-#   bash kernels/run_on_gpu.sh [check] [bench] [bench-attn] [sdpa] [bench-mla] [bench-gqa] [ncu]
-#   (default: check bench sdpa; bench-attn: the read ceiling and the attention matrix only;
+#   bash kernels/run_on_gpu.sh [check] [bench] [bench-copy] [bench-attn] [sdpa] [bench-mla]
+#                              [bench-gqa] [ncu]
+#   (default: check bench sdpa; bench-copy: the block copies only; bench-attn: the read ceiling
+#   and the attention matrix only;
 #   bench-mla / bench-gqa: the read ceiling and the MLA / GQA rows)
 # ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
+# KVPOOL_CHECKS=copy (or gqa, mla, a comma list) runs only those families of checks.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-out}
@@ -29,11 +32,16 @@ fi
 echo "run_on_gpu: built in $(($(date +%s) - start)) s"
 rc=0
 if [[ " $steps " == *" check "* ]]; then
-  timeout ${KVPOOL_CHECK_TIMEOUT:-300} "$build/kvpool-kernels-check" 2>&1 | tee "$out/check.log"
+  timeout ${KVPOOL_CHECK_TIMEOUT:-300} "$build/kvpool-kernels-check" 20240601 \
+    "${KVPOOL_CHECKS:-copy,gqa,mla}" 2>&1 | tee "$out/check.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench "* ]]; then
   timeout 400 "$build/kvpool-kernels-bench" --csv "$out/bench.csv" 2>&1 | tee "$out/bench.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" bench-copy "* ]]; then
+  timeout 300 "$build/kvpool-kernels-bench" --sections copy 2>&1 | tee "$out/bench_copy.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench-attn "* ]]; then
