@@ -12,7 +12,9 @@
    and cache, lookup, load the prefix's blocks, then the last prompt token and N decode tokens
    through kvpool.ops.gqa_decode over the paged cache; greedy tokens and logits are compared
    with transformers decoding the whole prompt itself. Also over TCP (GpuBlockMover with
-   tcp=True: pinned staging and a client that uses the TCP transport only);
+   tcp=True: pinned staging and a client that uses the TCP transport only). Recompute, the
+   pool hits and the load alone are the median of --ttft-reps timed runs (after a warm-up);
+   the TCP row is one run;
 4. mla: a DeepSeek-shaped latent cache (61 layers x (blocks, 64, 576)) stored and loaded
    through StoreWorker(use_mla=True), then kvpool.ops.mla_decode over the loaded cache against
    torch reference math.
@@ -468,9 +470,13 @@ def bench_ttft(master, args):
                 torch.cuda.synchronize()
                 return out, tok
             prefill()
-            t0 = time.perf_counter()
-            out, tok = prefill()
-            t_recompute = time.perf_counter() - t0
+            times = []
+            for _ in range(args.ttft_reps):
+                out = None  # the previous run's cache freed first
+                t0 = time.perf_counter()
+                out, tok = prefill()
+                times.append(time.perf_counter() - t0)
+            t_recompute = statistics.median(times)
             ref_logits = [out.logits[0, -1].float()]
             ref_tokens = [int(tok)]
             past = out.past_key_values
@@ -578,31 +584,34 @@ def bench_ttft(master, args):
                               finish_ms=(time.perf_counter() - t_step) * 1e3)
             return logits, tok
 
-        load_and_first_token()
-        for c in b_caches:
-            c.zero_()
-        torch.cuda.synchronize()
-        phases = {}
-        t0 = time.perf_counter()
-        logits, tok = load_and_first_token(phases)
-        t_pool = time.perf_counter() - t0
-        logits = logits.clone()  # the step's output buffer is reused by the next step
-        # Layer-wise: warm, then zeroed caches and timed.
-        layerwise_first_token()
-        for c in b_caches:
-            c.zero_()
-        torch.cuda.synchronize()
-        lw_phases = {}
-        t0 = time.perf_counter()
-        lw_logits, lw_tok = layerwise_first_token(lw_phases)
-        t_layerwise = time.perf_counter() - t0
-        lw_same = lw_tok == tok and torch.equal(lw_logits.clone(), logits)
-        t0 = time.perf_counter()
-        worker_b.get_finished(set(), [kvpool.ReqMeta(
-            "b2", token_len_chunk=plen, block_ids=b_ids, block_hashes=hashes,
-            load_spec=kvpool.LoadSpec(0, prefix, can_load=True))])
-        worker_b.wait_idle()
-        t_load_only = time.perf_counter() - t0
+        def median_run(first_token):
+            # Warm, then args.ttft_reps runs each into zeroed caches: the median run's time (s),
+            # phases, logits (a copy: the step's output buffer is reused) and token.
+            first_token()
+            runs = []
+            for _ in range(args.ttft_reps):
+                for c in b_caches:
+                    c.zero_()
+                torch.cuda.synchronize()
+                phases = {}
+                t0 = time.perf_counter()
+                logits, tok = first_token(phases)
+                runs.append((time.perf_counter() - t0, phases, logits.clone(), tok))
+            runs.sort(key=lambda r: r[0])
+            return runs[len(runs) // 2]
+
+        t_pool, phases, logits, tok = median_run(load_and_first_token)
+        t_layerwise, lw_phases, lw_logits, lw_tok = median_run(layerwise_first_token)
+        lw_same = lw_tok == tok and torch.equal(lw_logits, logits)
+        times = []
+        for i in range(args.ttft_reps):
+            t0 = time.perf_counter()
+            worker_b.get_finished(set(), [kvpool.ReqMeta(
+                f"b2-{i}", token_len_chunk=plen, block_ids=b_ids, block_hashes=hashes,
+                load_spec=kvpool.LoadSpec(0, prefix, can_load=True))])
+            worker_b.wait_idle()
+            times.append(time.perf_counter() - t0)
+        t_load_only = statistics.median(times)
 
         # N decode tokens through kvpool.ops.gqa_decode. Free running (B's own greedy tokens),
         # compared with transformers' until they first differ; and teacher-forced (B fed
@@ -760,6 +769,8 @@ def main():
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[2, 8, 32])
     p.add_argument("--decode-tokens", type=int, default=8)
+    p.add_argument("--ttft-reps", type=int, default=5,
+                   help="timed runs per time-to-first-token row (the median is reported)")
     p.add_argument("--bw-blocks", type=int, default=512)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bw-batching", default="",
