@@ -11,8 +11,10 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -241,6 +243,22 @@ struct CopyRates {
   double d2h = 0, h2d = 0, both = 0;  // GB/s
 };
 
+// Host time (us, median) the caller's thread spends in fn, the stream idle before each call:
+// what queueing a copy costs the CPU, apart from the copy itself.
+double QueueUs(const std::function<void()>& fn, cudaStream_t stream, int reps) {
+  std::vector<double> us;
+  for (int i = 0; i <= reps; ++i) {
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i > 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 // Staging buffers for kStaged: one per stream.
 CopyStaging g_staging[2];
 
@@ -355,6 +373,40 @@ void BenchCopies(const Options& opt) {
                   r.d2h / base_d2h, r.h2d, r.h2d / base_h2d, r.both,
                   r.both / std::max(r.d2h, r.h2d));
     }
+    // What queueing costs the calling thread: whole blocks in calls of 512 and of 128 (the
+    // engine plugin's batches), and one layer of 512 blocks (2 segments: a layer-wise load).
+    // Host objects in pinned memory (h2) and, as a same-host pool is, in shared memory
+    // registered with cudaHostRegister; staging of 64 MiB, as the engine plugin has.
+    void* shm = mmap(nullptr, gib, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shm == MAP_FAILED) std::abort();
+    std::memset(shm, 7, gib);
+    CUDA_OK(cudaHostRegister(shm, gib, cudaHostRegisterDefault));
+    uint8_t* reg = static_cast<uint8_t*>(shm);
+    const CopySetup whole_reg = MakeCopySetup(cache, 64, seg_bytes, phys, count, h1, reg, rng);
+    const CopySetup layer = MakeCopySetup(cache, 2, seg_bytes, phys, count, h1, reg, rng);
+    CopyStaging staging64 = g_staging[0];
+    staging64.bytes = size_t{64} << 20;
+    std::printf(
+        "\n### Host time to queue one call (us, median; host -> device, 64 MiB staging, the "
+        "stream idle before each)\n\n| method | 512 blocks x 64 segments, pinned | the same, "
+        "registered shared memory | 128 blocks x 64 segments, registered | 512 blocks x 2 "
+        "segments (one layer), registered |\n| --- | ---: | ---: | ---: | ---: |\n");
+    for (CopyMethod m :
+         {CopyMethod::kKernel, CopyMethod::kCopyEngine, CopyMethod::kStaged, CopyMethod::kAuto}) {
+      auto queue = [&](const CopySetup& setup, int n) {
+        return QueueUs(
+            [&] {
+              CUDA_OK(CopyBlocks(setup.segments.data(), static_cast<int>(setup.segments.size()),
+                                 setup.ids_b.data(), setup.objs_b.data(), n,
+                                 CopyDirection::kHostToDevice, m, staging64, s1));
+            },
+            s1, reps);
+      };
+      std::printf("| %s | %.1f | %.1f | %.1f | %.1f |\n", MethodName(m), queue(c, count),
+                  queue(whole_reg, count), queue(whole_reg, 128), queue(layer, count));
+    }
+    CUDA_OK(cudaHostUnregister(shm));
+    munmap(shm, gib);
     CUDA_OK(cudaFree(cache));
   }
 
