@@ -29,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
 
 import torch
 
@@ -72,6 +73,13 @@ def timed_phases(mover, direction, fn, reps, phases):
     after = mover.phase_times()[direction]
     calls = max(1, after["calls"] - before["calls"])
     return t, {k: (after[k] - before[k]) / calls for k in phases}
+
+
+def master_calls(http, method):
+    """How many `method` calls the master has received (its /metrics)."""
+    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kvpool_rpc_requests_total{") and f'method="{method}"' in line)
 
 
 def open_store(master):
@@ -570,8 +578,10 @@ def bench_ttft(master, args):
             t_lookup = time.perf_counter()
             req = kvpool.ReqMeta("b", token_len_chunk=plen, block_ids=b_ids, block_hashes=hashes,
                                  load_spec=kvpool.LoadSpec(0, hit, can_load=True))
+            cpu = time.thread_time()
             worker_b.start_load_kv([req])
             t_started = time.perf_counter()
+            cpu = time.thread_time() - cpu
             logits = decoder.step(last, prefix)
             tok = int(logits.argmax())
             t_step = time.perf_counter()
@@ -581,7 +591,8 @@ def bench_ttft(master, args):
             if phases is not None:
                 phases.update(lookup_ms=(t_lookup - t) * 1e3, start_ms=(t_started - t_lookup) * 1e3,
                               step_ms=(t_step - t_started) * 1e3,
-                              finish_ms=(time.perf_counter() - t_step) * 1e3)
+                              finish_ms=(time.perf_counter() - t_step) * 1e3,
+                              start_cpu_ms=cpu * 1e3)
             return logits, tok
 
         def median_run(first_token):
@@ -601,7 +612,12 @@ def bench_ttft(master, args):
             return runs[len(runs) // 2]
 
         t_pool, phases, logits, tok = median_run(load_and_first_token)
+        located = master_calls(args.master_http, "BatchGetReplicaList")
         t_layerwise, lw_phases, lw_logits, lw_tok = median_run(layerwise_first_token)
+        # Master locate calls per layer-wise run (the lookup's, and any the load made).
+        lw_locates = (master_calls(args.master_http, "BatchGetReplicaList") - located) / (
+            args.ttft_reps + 1)
+        start_cpu_ms = lw_phases.pop("start_cpu_ms")
         lw_same = lw_tok == tok and torch.equal(lw_logits, logits)
         times = []
         for i in range(args.ttft_reps):
@@ -657,6 +673,7 @@ def bench_ttft(master, args):
         rows.append(dict(prompt=plen, kv_bytes=kv_bytes, recompute_ms=t_recompute * 1e3,
                          pool_ms=t_pool * 1e3, layerwise_ms=t_layerwise * 1e3,
                          speedup_layerwise=t_recompute / t_layerwise, layerwise_phases=lw_phases,
+                         layerwise_start_cpu_ms=start_cpu_ms, layerwise_locate_calls=lw_locates,
                          layerwise_logits_equal=lw_same, load_only_ms=t_load_only * 1e3,
                          tcp_ms=t_tcp * 1e3, store_ms=t_store * 1e3,
                          speedup=t_recompute / t_pool, speedup_tcp=t_recompute / t_tcp,
@@ -674,7 +691,8 @@ def bench_ttft(master, args):
             f"(logits up to {ref_scale:.2f}); "
             f"layer-wise {t_layerwise * 1e3:.1f} ms ({t_recompute / t_layerwise:.1f}x; "
             + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in lw_phases.items())
-            + f"), logits identical to the whole load's: {lw_same}")
+            + f"; start's CPU time {start_cpu_ms:.1f} ms, {lw_locates:.1f} master locate calls "
+            f"per run), logits identical to the whole load's: {lw_same}")
     results["ttft"] = dict(layers=cfg.num_hidden_layers, rows=rows)
     say()
     say(f"## Time to first token, Llama-3.1-8B shape ({cfg.num_hidden_layers} of 32 layers), "
@@ -788,7 +806,8 @@ def main():
     sections = args.sections.split(",")
     pool = Pool()
     try:
-        master = pool.master(embedded_segment_size="0")
+        fields = pool.master_with_http(embedded_segment_size="0")
+        master, args.master_http = fields["grpc"], fields["http"]
         pool.segment(master, size=args.pool, prefault=not args.no_prefault,
                      extra_args=args.segment_arg)
         if args.segment_arg:
