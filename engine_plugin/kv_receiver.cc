@@ -49,7 +49,22 @@ KvReceiver::PlannedLoad KvReceiver::Plan(const ReqMeta& request) const {
   PlannedLoad plan;
   std::vector<TokenChunk> chunks =
       token_database_.ProcessTokens(spec.token_len, request.block_hashes, mask);
-  for (const TokenChunk& chunk : chunks) {
+  plan.items.reserve(chunks.size());
+  plan.blocks.reserve(chunks.size());
+  for (TokenChunk& chunk : chunks) {
+    if (options_.transfer != nullptr) {
+      // The transfer moves whole blocks by id: no per-segment buffers to address.
+      absl::StatusOr<int64_t> block =
+          token_database_.BlockOf(chunk.start, chunk.end, request.block_ids);
+      if (!block.ok()) {
+        KVPOOL_LOG(ERROR) << "request " << request.req_id << ": cannot address chunk "
+                          << chunk.key << ": " << block.status().message();
+        continue;
+      }
+      plan.items.push_back(GetItem{.key = std::move(chunk.key), .parts = {}});
+      plan.blocks.push_back(*block);
+      continue;
+    }
     absl::StatusOr<ChunkBuffers> buffers =
         token_database_.PrepareValue(chunk.start, chunk.end, request.block_ids);
     if (!buffers.ok()) {
@@ -57,7 +72,8 @@ KvReceiver::PlannedLoad KvReceiver::Plan(const ReqMeta& request) const {
                         << ": " << buffers.status().message();
       continue;
     }
-    GetItem item{.key = chunk.key, .parts = {}};
+    GetItem item{.key = std::move(chunk.key), .parts = {}};
+    item.parts.reserve(buffers->addrs.size());
     for (size_t s = 0; s < buffers->addrs.size(); ++s) {
       item.parts.push_back(MutableBuffer{reinterpret_cast<void*>(buffers->addrs[s]),
                                          static_cast<size_t>(buffers->sizes[s])});

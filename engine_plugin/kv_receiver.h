@@ -86,7 +86,8 @@ class KvReceiver {
   void FinishLayerwise() ABSL_LOCKS_EXCLUDED(mu_, layerwise_mu_);
 
  private:
-  // A request's chunks (Step L1, L2): their gets and their block ids, in the same order.
+  // A request's chunks (Step L1, L2): their gets and their block ids, in the same order. With
+  // a block transfer the gets carry keys only (the transfer addresses blocks by id).
   struct PlannedLoad {
     std::vector<GetItem> items;
     std::vector<int64_t> blocks;

@@ -68,6 +68,21 @@ std::vector<TokenChunk> TokenDatabase::ProcessTokens(uint64_t token_len,
 
 absl::StatusOr<ChunkBuffers> TokenDatabase::PrepareValue(uint64_t start, uint64_t end,
                                                          absl::Span<const int64_t> block_ids) const {
+  absl::StatusOr<int64_t> block_id = BlockOf(start, end, block_ids);
+  if (!block_id.ok()) return block_id.status();
+  ChunkBuffers buffers;
+  buffers.block_id = *block_id;
+  buffers.addrs.reserve(segments_.size());
+  buffers.sizes.reserve(segments_.size());
+  for (const KvSegment& segment : segments_) {
+    buffers.addrs.push_back(segment.base + static_cast<uint64_t>(*block_id) * segment.block_bytes);
+    buffers.sizes.push_back(segment.block_bytes / block_size_ * (end - start));
+  }
+  return buffers;
+}
+
+absl::StatusOr<int64_t> TokenDatabase::BlockOf(uint64_t start, uint64_t end,
+                                               absl::Span<const int64_t> block_ids) const {
   if (segments_.empty()) {
     return absl::FailedPreconditionError("no KV cache is registered");
   }
@@ -87,15 +102,7 @@ absl::StatusOr<ChunkBuffers> TokenDatabase::PrepareValue(uint64_t start, uint64_
     return absl::InvalidArgumentError(absl::StrCat("block id ", block_id, " is outside the ",
                                                    num_blocks_, " registered blocks"));
   }
-  ChunkBuffers buffers;
-  buffers.block_id = block_id;
-  buffers.addrs.reserve(segments_.size());
-  buffers.sizes.reserve(segments_.size());
-  for (const KvSegment& segment : segments_) {
-    buffers.addrs.push_back(segment.base + static_cast<uint64_t>(block_id) * segment.block_bytes);
-    buffers.sizes.push_back(segment.block_bytes / block_size_ * (end - start));
-  }
-  return buffers;
+  return block_id;
 }
 
 SavePlan TokenDatabase::PlanSave(uint64_t token_len, uint64_t num_saved_tokens,

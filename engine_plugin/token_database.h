@@ -97,6 +97,10 @@ class TokenDatabase {
   // is out of range.
   absl::StatusOr<ChunkBuffers> PrepareValue(uint64_t start, uint64_t end,
                                             absl::Span<const int64_t> block_ids) const;
+  // The block id alone, with PrepareValue's checks (for a block transfer, which moves whole
+  // blocks by id and needs no per-segment buffers).
+  absl::StatusOr<int64_t> BlockOf(uint64_t start, uint64_t end,
+                                  absl::Span<const int64_t> block_ids) const;
 
   // Which tokens of a request to store now, given `num_saved_tokens` already stored: with
   // `discard_partial_chunks`, whole blocks only, and nothing unless at least one new whole
