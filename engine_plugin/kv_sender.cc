@@ -151,7 +151,21 @@ void KvSender::HandleRequest(const ReqMeta& request) {
   std::vector<uint64_t> item_bytes;
   std::vector<int32_t> item_blocks;  // with a BlockTransfer: whole blocks by id
   items.reserve(missing.size());
-  for (const TokenChunk& chunk : missing) {
+  for (TokenChunk& chunk : missing) {
+    if (options_.transfer != nullptr) {
+      // The transfer moves whole blocks by id: no per-segment buffers to address.
+      absl::StatusOr<int64_t> block =
+          token_database_.BlockOf(chunk.start, chunk.end, request.block_ids);
+      if (!block.ok()) {
+        KVPOOL_LOG(ERROR) << "request " << req_id << ": cannot address chunk " << chunk.key
+                          << ": " << block.status().message();
+        continue;
+      }
+      item_bytes.push_back(token_database_.ChunkBytes(chunk.start, chunk.end));
+      item_blocks.push_back(static_cast<int32_t>(*block));
+      items.push_back(PutItem{.key = std::move(chunk.key), .parts = {}});
+      continue;
+    }
     absl::StatusOr<ChunkBuffers> buffers =
         token_database_.PrepareValue(chunk.start, chunk.end, request.block_ids);
     if (!buffers.ok()) {

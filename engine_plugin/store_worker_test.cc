@@ -427,6 +427,7 @@ TEST(StoreWorkerTest, DeviceCachesMoveWholeBlocksThroughTheTransfer) {
     expected.append(reinterpret_cast<const char*>(s.base + 1 * s.block_bytes), s.block_bytes);
   }
   EXPECT_EQ(store.Value(worker->token_database().KeyFor("h1")), expected);
+  EXPECT_EQ(worker->sender()->stats().bytes_stored, 3 * expected.size());
 
   // Load into other blocks; h3 was never stored: its block is reported for recompute.
   std::fill(l0.data.begin(), l0.data.end(), 0.0f);

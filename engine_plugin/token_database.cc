@@ -81,6 +81,14 @@ absl::StatusOr<ChunkBuffers> TokenDatabase::PrepareValue(uint64_t start, uint64_
   return buffers;
 }
 
+uint64_t TokenDatabase::ChunkBytes(uint64_t start, uint64_t end) const {
+  uint64_t bytes = 0;
+  for (const KvSegment& segment : segments_) {
+    bytes += segment.block_bytes / block_size_ * (end - start);
+  }
+  return bytes;
+}
+
 absl::StatusOr<int64_t> TokenDatabase::BlockOf(uint64_t start, uint64_t end,
                                                absl::Span<const int64_t> block_ids) const {
   if (segments_.empty()) {

@@ -101,6 +101,8 @@ class TokenDatabase {
   // blocks by id and needs no per-segment buffers).
   absl::StatusOr<int64_t> BlockOf(uint64_t start, uint64_t end,
                                   absl::Span<const int64_t> block_ids) const;
+  // The bytes PrepareValue's buffers for tokens [start, end) of one block add up to.
+  uint64_t ChunkBytes(uint64_t start, uint64_t end) const;
 
   // Which tokens of a request to store now, given `num_saved_tokens` already stored: with
   // `discard_partial_chunks`, whole blocks only, and nothing unless at least one new whole

@@ -75,6 +75,16 @@ TEST(TokenDatabaseTest, PrepareValueAddressesEverySegment) {
   std::vector<int64_t> bad_ids = {8};
   EXPECT_THAT(db.PrepareValue(0, 16, bad_ids).status().message(),
               HasSubstr("outside the 8 registered blocks"));
+
+  // What a block transfer takes instead: the block id and the byte count, same checks.
+  EXPECT_EQ(*db.BlockOf(16, 32, block_ids), 2);
+  EXPECT_EQ(*db.BlockOf(32, 36, block_ids), 7);
+  EXPECT_EQ(db.ChunkBytes(16, 32), full->total_bytes());
+  EXPECT_EQ(db.ChunkBytes(32, 36), partial->total_bytes());
+  EXPECT_THAT(db.BlockOf(48, 64, block_ids).status().message(), HasSubstr("3 block ids"));
+  EXPECT_THAT(db.BlockOf(8, 24, block_ids).status().message(), HasSubstr("within one block"));
+  EXPECT_THAT(db.BlockOf(0, 16, bad_ids).status().message(),
+              HasSubstr("outside the 8 registered blocks"));
 }
 
 TEST(TokenDatabaseTest, PrepareValueNeedsALayout) {
