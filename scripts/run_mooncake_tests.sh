@@ -17,7 +17,9 @@
 # benchmark and stress cases move GiBs and take over 15 minutes on a loaded 2-core machine).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${KVPOOL_BUILD_DIR:-$root/build}
+# Absolute: each test file runs from its own directory.
+build=$(cd "${KVPOOL_BUILD_DIR:-$root/build}" && pwd) ||
+  { echo "run_mooncake_tests: no build directory ${KVPOOL_BUILD_DIR:-$root/build}" >&2; exit 2; }
 mc=$(cd "${1:?usage: run_mooncake_tests.sh MOONCAKE_CHECKOUT [TEST_FILE...]}" && pwd)
 shift
 files=("$@")
