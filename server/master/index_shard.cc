@@ -172,12 +172,17 @@ absl::Status IndexShard::Revoke(absl::string_view key, uint64_t put_id,
   return absl::OkStatus();
 }
 
+IndexShard::Map::iterator IndexShard::FindCommittedLocked(absl::string_view key) {
+  auto it = objects_.find(key);
+  return it != objects_.end() && it->second.committed ? it : objects_.end();
+}
+
 absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key, absl::Time now,
                                               absl::Duration lease) {
   absl::MutexLock lock(&mu_);
   last_now_ = std::max(last_now_, now);
-  auto it = objects_.find(key);
-  if (it == objects_.end() || !it->second.committed) {
+  auto it = FindCommittedLocked(key);
+  if (it == objects_.end()) {
     return absl::NotFoundError("object not found");
   }
   Object& object = it->second;
@@ -195,8 +200,8 @@ absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key, absl::Time 
 
 bool IndexShard::Exists(absl::string_view key, absl::Time now, absl::Duration lease) {
   absl::MutexLock lock(&mu_);
-  auto it = objects_.find(key);
-  if (it == objects_.end() || !it->second.committed) return false;
+  auto it = FindCommittedLocked(key);
+  if (it == objects_.end()) return false;
   Object& object = it->second;
   if (std::none_of(object.replicas.begin(), object.replicas.end(), Live)) return false;
   object.lease_expiry = std::max(object.lease_expiry, now + lease);
@@ -207,8 +212,8 @@ bool IndexShard::Exists(absl::string_view key, absl::Time now, absl::Duration le
 absl::StatusOr<ObjectView> IndexShard::Remove(absl::string_view key, absl::Time now, bool force) {
   absl::MutexLock lock(&mu_);
   last_now_ = std::max(last_now_, now);
-  auto it = objects_.find(key);
-  if (it == objects_.end() || !it->second.committed) {
+  auto it = FindCommittedLocked(key);
+  if (it == objects_.end()) {
     return absl::NotFoundError("object not found");
   }
   if (!force && Migrating(it->second, now)) {
@@ -229,8 +234,8 @@ absl::StatusOr<ObjectView> IndexShard::DropReplica(absl::string_view key,
                                                    bool force) {
   absl::MutexLock lock(&mu_);
   last_now_ = std::max(last_now_, now);
-  auto it = objects_.find(key);
-  if (it == objects_.end() || !it->second.committed) {
+  auto it = FindCommittedLocked(key);
+  if (it == objects_.end()) {
     return absl::NotFoundError("object not found");
   }
   Object& object = it->second;
@@ -510,8 +515,8 @@ absl::StatusOr<MigrationView> IndexShard::StartCopy(absl::string_view key,
   absl::MutexLock lock(&mu_);
   last_now_ = std::max(last_now_, now);
   // Checked in Mooncake's order: the object, then the segments.
-  auto it = objects_.find(key);
-  if (it == objects_.end() || !it->second.committed) {
+  auto it = FindCommittedLocked(key);
+  if (it == objects_.end()) {
     return absl::NotFoundError("object not found");
   }
   Object& object = it->second;

@@ -294,6 +294,8 @@ class IndexShard {
 
   static ObjectView View(const Object& object);
   // Marks an access: the object becomes the most recently used.
+  // The object under `key` if it is committed, else objects_.end().
+  Map::iterator FindCommittedLocked(absl::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Object* OldestEvictableLocked(absl::Time now, bool soft_pinned_too, size_t scan_limit) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
