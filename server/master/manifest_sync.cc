@@ -24,6 +24,14 @@ void ManifestSync::Untrack(SegmentId segment) {
     if (it == queues_.end()) return;
     poll = std::move(it->second.poll);
     after = std::move(it->second.after_applied);
+    if (!it->second.local) {
+      gone_[segment] = Gone{.acked = it->second.acked, .last_seq = it->second.next_seq - 1};
+      gone_order_.push_back(segment);
+      if (gone_order_.size() > kMaxGone) {
+        gone_.erase(gone_order_.front());
+        gone_order_.pop_front();
+      }
+    }
     queues_.erase(it);
     done = ReleaseLocked(segment, std::numeric_limits<uint64_t>::max(), /*gone=*/true);
   }
@@ -33,11 +41,10 @@ void ManifestSync::Untrack(SegmentId segment) {
 }
 
 void ManifestSync::Append(SegmentId segment, ManifestRecord record, Ticket* ticket) {
-  AppendThen(segment, std::move(record), nullptr);
-  if (ticket != nullptr) Barrier(segment, ticket);
+  AppendThen(segment, std::move(record), ticket, nullptr);
 }
 
-void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record,
+void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record, Ticket* ticket,
                               std::function<void()> then, std::function<void()> refused) {
   std::function<void()> poll;
   std::function<void(const ManifestRecord&)> local;
@@ -54,8 +61,12 @@ void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record,
       queue.records.push_back(std::move(record));
       if (then) queue.after_applied.emplace_back(seq, std::move(then));
       if (refused) queue.if_refused.emplace(seq, std::move(refused));
+      if (ticket != nullptr) ticket->waits.emplace_back(segment, seq);
       poll = std::move(queue.poll);
       queue.poll = nullptr;
+    } else if (ticket != nullptr) {
+      // Gone between the caller's look at the index and now: the record reaches no manifest.
+      ticket->waits.emplace_back(segment, kNeverApplied);
     }
   }
   if (local) local(record);
@@ -66,10 +77,23 @@ void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record,
 void ManifestSync::Barrier(SegmentId segment, Ticket* ticket) {
   absl::MutexLock lock(&mu_);
   auto it = queues_.find(segment);
-  if (it == queues_.end() || it->second.local) return;
+  if (it == queues_.end()) {
+    // What was queued when it went: Wait fails it unless it had all been applied.
+    if (auto gone = gone_.find(segment); gone != gone_.end() &&
+                                         gone->second.last_seq > gone->second.acked) {
+      ticket->waits.emplace_back(segment, gone->second.last_seq);
+    }
+    return;
+  }
+  if (it->second.local) return;
   if (it->second.next_seq - 1 > it->second.acked) {
     ticket->waits.emplace_back(segment, it->second.next_seq - 1);
   }
+}
+
+bool ManifestSync::AppliedBeforeGoneLocked(SegmentId segment, uint64_t seq) const {
+  auto gone = gone_.find(segment);
+  return gone != gone_.end() && gone->second.acked >= seq;
 }
 
 bool ManifestSync::Applied(const Ticket& ticket) {
@@ -142,24 +166,30 @@ void ManifestSync::Poll(SegmentId segment, absl::Time deadline, std::function<vo
 }
 
 void ManifestSync::Wait(Ticket ticket, absl::Time deadline, std::function<void(bool)> done) {
+  bool durable = true;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) ticket.waits.clear();
     auto waiter = std::make_unique<Waiter>();
     for (const auto& [segment, seq] : ticket.waits) {
       auto it = queues_.find(segment);
-      if (it == queues_.end() || it->second.local || it->second.acked >= seq) continue;
-      uint64_t& needed = waiter->remaining[segment];
-      needed = std::max(needed, seq);
+      if (it == queues_.end()) {
+        // Gone before this call (Untrack released only the waiters already here).
+        durable = durable && AppliedBeforeGoneLocked(segment, seq);
+      } else if (!it->second.local && it->second.acked < seq) {
+        uint64_t& needed = waiter->remaining[segment];
+        needed = std::max(needed, seq);
+      }
     }
-    if (!waiter->remaining.empty()) {
+    // Closed: nothing parks, and what is not applied yet is not known to be durable.
+    if (closed_ && !waiter->remaining.empty()) durable = false;
+    if (durable && !waiter->remaining.empty()) {
       waiter->deadline = deadline;
       waiter->done = std::move(done);
       waiters_.push_back(std::move(waiter));
       return;
     }
   }
-  done(true);
+  done(durable);
 }
 
 void ManifestSync::Tick(absl::Time now) {

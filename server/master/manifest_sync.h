@@ -16,12 +16,15 @@
 // again while a late or paused writer of its old grant could still land bytes in it.
 //
 // Embedded segments keep no manifest (they die with the master): they are tracked as local
-// (TrackLocal), and each record is applied to them at once, in the master's process. Appends
-// to segments never tracked are no-ops. Thread-safe; callbacks run without the lock held.
+// (TrackLocal), and each record is applied to them at once, in the master's process. A
+// segment untracked (gone: unmounted, dead, or mounted afresh) takes its unapplied records
+// with it: a ticket that waits on one of them, or on a record appended after it went, fails,
+// however late Wait is called. Thread-safe; callbacks run without the lock held.
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -73,19 +76,23 @@ class ManifestSync {
   // run, and the waiters on it released as not durable (done(false)).
   void Untrack(SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Queues a record for a tracked segment and adds it to `ticket` (if given).
+  // Queues a record for a tracked segment and adds it to `ticket` (if given): to a segment
+  // already gone, a record the ticket can never see applied.
   void Append(SegmentId segment, ManifestRecord record, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues a record and runs `then` once the segment has applied it (or is gone; at once for
+  // Append, and runs `then` once the segment has applied the record (or is gone; at once for
   // a local or untracked segment). `then` may run on the caller's thread.
   // `refused` (if given) runs instead of nothing when the segment reports that it refused
   // the record (an ADD whose range does not hold the bytes of its checksum), before `then`
   // and before the waiters on the record are released.
-  void AppendThen(SegmentId segment, ManifestRecord record, std::function<void()> then,
-                  std::function<void()> refused = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-  // Adds to `ticket` everything queued for the segment so far.
+  void AppendThen(SegmentId segment, ManifestRecord record, Ticket* ticket,
+                  std::function<void()> then, std::function<void()> refused = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds to `ticket` everything queued for the segment so far (for a segment gone, what was
+  // queued when it went).
   void Barrier(SegmentId segment, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether nothing of `ticket` is left to wait for: every record applied (or its segment
-  // local or gone, as Wait counts them).
+  // Whether nothing of `ticket` is left to wait for: every record applied, or its segment
+  // local or gone (nothing more will ever be applied there; Wait counts a record a gone
+  // segment had not applied as a failure instead).
   bool Applied(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Acknowledges every record up to `acked` (releasing waiters; those in `refused` were
@@ -100,7 +107,8 @@ class ManifestSync {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs `done(true)` once every record of the ticket is applied, or `done(false)` at
-  // `deadline` (Tick) or when a segment of the ticket goes away first. Runs at once if there is nothing to wait for.
+  // `deadline` (Tick) or when a segment of the ticket goes away first (also if it went
+  // before this call). Runs at once if there is nothing to wait for.
   void Wait(Ticket ticket, absl::Time deadline, std::function<void(bool)> done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -139,8 +147,24 @@ class ManifestSync {
                                                                         bool gone = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // What a segment gone had applied, and the last record queued for it, when it went.
+  struct Gone {
+    uint64_t acked = 0;
+    uint64_t last_seq = 0;
+  };
+  // The most segments gone remembered; a ticket on one forgotten since fails.
+  static constexpr size_t kMaxGone = 4096;
+  // A ticket's wait on a record that was never queued (appended after its segment went).
+  static constexpr uint64_t kNeverApplied = std::numeric_limits<uint64_t>::max();
+
+  // Whether `seq` of a segment no longer tracked was applied before it went.
+  bool AppliedBeforeGoneLocked(SegmentId segment, uint64_t seq) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   absl::flat_hash_map<SegmentId, Queue> queues_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SegmentId, Gone> gone_ ABSL_GUARDED_BY(mu_);
+  std::deque<SegmentId> gone_order_ ABSL_GUARDED_BY(mu_);  // oldest first, for kMaxGone
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
 };

@@ -56,7 +56,7 @@ Master::Master(MasterOptions options)
         return;
       }
       manifest_sync_.AppendThen(
-          replica.segment->id(), std::move(forget),
+          replica.segment->id(), std::move(forget), /*ticket=*/nullptr,
           [segment = replica.segment, offset = replica.offset, size] {
             segment->allocator().Free(offset, size);
           });
@@ -111,13 +111,14 @@ absl::Status Master::MountSegment(SegmentInfo info) {
     const MountedSegment& segment = *mounted->segment;
     if (!segment.info().embedded) {
       manifest_sync_.Track(segment.id());
-    } else if (segment.info().end_grant) {
+    } else {
       // The record's range is freed right after this (AppendThen): a late shared-memory
       // write it leaves busy is held first, as a heartbeat's report would be.
       std::weak_ptr<MountedSegment> weak = mounted->segment;
       manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant,
                                                busy = segment.info().busy_ranges,
                                                weak](const ManifestRecord& record) {
+        if (!end) return;  // no grants to end (e.g. a test's embedded segment)
         end(record.grant, /*writes_only=*/record.kind == ManifestRecord::Kind::kAdd,
             record.until);
         if (std::shared_ptr<MountedSegment> held = weak.lock(); held && busy) {
@@ -529,6 +530,7 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
           ManifestRecord{ManifestRecord::Kind::kAdd, put.key, replica.offset, committed->size,
                          committed->checksum, committed->pin, replica.grant,
                          now + options_.put_timeout},
+          &durable.ticket,
           [this, key = put.key, grant = replica.grant] {
             ShardFor(key).MarkWritesFenced(key, grant);
           },
@@ -553,7 +555,6 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
                              "the checksum given (never, partly or wrongly written); nothing was "
                              "committed, put again"));
           });
-      manifest_sync_.Barrier(replica.segment->id(), &durable.ticket);
     }
   }
   return durable;

@@ -977,6 +977,69 @@ TEST_F(MasterTest, ClosingManifestSyncAnswersParkedPollsAndWaiters) {
   EXPECT_TRUE(second);
 }
 
+// A commit's ticket is waited on after BatchPutEnd returns (the gRPC handler's next step).
+// A segment mounted afresh in between took the unapplied ADD with it: the commit must not be
+// answered as durable (the object is dropped with the segment's old replicas, and its
+// manifest, reported again, does not hold it).
+TEST_F(MasterTest, ACommitWhoseSegmentWentBeforeTheWaitIsNotDurable) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  PutStartResult started = PutStart("k", 10);
+  Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", started.put_id}});
+  ASSERT_TRUE(ended.results[0].ok());
+  ASSERT_FALSE(ended.ticket.empty());
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20, /*incarnation=*/2)).ok());
+  std::optional<bool> durable;
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1),
+                               [&](bool ok) { durable = ok; });
+  ASSERT_TRUE(durable.has_value());
+  EXPECT_FALSE(*durable);
+}
+
+// The same, applied before the segment went: durable (it is in the manifest it reports).
+TEST_F(MasterTest, ACommitAppliedBeforeItsSegmentWentIsDurable) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  PutStartResult started = PutStart("k", 10);
+  Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", started.put_id}});
+  ASSERT_TRUE(ended.results[0].ok());
+  Applied();
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20, /*incarnation=*/2)).ok());
+  std::optional<bool> durable;
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1),
+                               [&](bool ok) { durable = ok; });
+  ASSERT_TRUE(durable.has_value());
+  EXPECT_TRUE(*durable);
+}
+
+// A record appended for a segment already gone (its replica looked up just before the
+// segment went) reaches no manifest: its ticket fails, it does not come back empty.
+TEST_F(MasterTest, ARecordForASegmentAlreadyGoneFailsItsTicket) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  SegmentId old_id = *master_.Heartbeat("a", 1).segment;
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20, /*incarnation=*/2)).ok());
+  ManifestSync::Ticket ticket;
+  master_.manifest_sync().Append(
+      old_id, ManifestRecord{.kind = ManifestRecord::Kind::kAdd, .key = "k", .size = 10},
+      &ticket);
+  ASSERT_FALSE(ticket.empty());
+  std::optional<bool> durable;
+  master_.manifest_sync().Wait(ticket, now_ + absl::Hours(1), [&](bool ok) { durable = ok; });
+  ASSERT_TRUE(durable.has_value());
+  EXPECT_FALSE(*durable);
+}
+
+// After Close, a wait on a record not applied is answered at once, as not durable.
+TEST_F(MasterTest, AWaitAfterCloseIsNotDurable) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  PutStartResult started = PutStart("k", 10);
+  Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", started.put_id}});
+  master_.manifest_sync().Close();
+  std::optional<bool> durable;
+  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1),
+                               [&](bool ok) { durable = ok; });
+  ASSERT_TRUE(durable.has_value());
+  EXPECT_FALSE(*durable);
+}
+
 TEST_F(MasterTest, EmbeddedSegmentsKeepNoManifest) {
   SegmentInfo info = Segment("e", 1 << 20);
   info.embedded = true;
