@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<GpuBlockMover>> GpuBlockMover::Create(
   std::unique_ptr<GpuBlockMover> mover(
       new GpuBlockMover(client, options, gpu_checksums));
   mover->layerwise_tail_ = std::clamp(options.layerwise_tail, 0.0, 1.0);
+  mover->layerwise_tail_max_bytes_ = options.layerwise_tail_max_bytes;
   if (cudaError_t e = cudaGetDevice(&mover->device_); e != cudaSuccess) {
     return CudaError("finding the current device", e);
   }
@@ -699,9 +700,12 @@ std::unique_ptr<LayerwiseLoad> GpuBlockMover::StartLayerwiseLoad(
   // engines busy from the first answer on, as in LoadBlocks); the last layerwise_tail of them
   // layer group by layer group once all are located, each group's event after its copy. The
   // engine's layer g then runs while the tail's later groups still arrive.
-  const size_t tail_from =
-      keys.size() - std::min(keys.size(), static_cast<size_t>(std::ceil(
-                                              layerwise_tail_ * static_cast<double>(keys.size()))));
+  size_t tail = std::min(keys.size(), static_cast<size_t>(std::ceil(
+                                          layerwise_tail_ * static_cast<double>(keys.size()))));
+  if (layerwise_tail_max_bytes_ > 0) {
+    tail = std::min<size_t>(tail, std::max<uint64_t>(1, layerwise_tail_max_bytes_ / bytes_per_block_));
+  }
+  const size_t tail_from = keys.size() - tail;
   size_t tail_ids = 0;  // ids[tail_ids, ...) are the tail's (all of them with force_remote)
   cudaError_t e = cudaSuccess;
   if (force_remote_) {

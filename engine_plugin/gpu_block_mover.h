@@ -68,6 +68,12 @@ struct GpuBlockMoverOptions {
   // first group are in: with a step of C ms over a load of T ms, a tail of at least C / T
   // hides the step behind the copies. 1: every block by groups.
   double layerwise_tail = 0.5;
+  // ... and at most this many bytes of blocks: a tail larger than the step needs only costs
+  // (each group is another round of copies per block, queued on the caller's thread, and the
+  // engine's stream waits for the head anyway). On an H200, the Llama-3.1-8B shape at 32k
+  // tokens (4 GiB) reached the first token 2 ms sooner with a tail of 1 GiB than of 2 GiB,
+  // while 8k (1 GiB) needs the whole half (docs/benchmarks.md). 0: no limit.
+  uint64_t layerwise_tail_max_bytes = uint64_t{1} << 30;
   // How a call's keys are cut into batches (one pool round trip and one CopyBlocks each): a
   // short first batch, so that the GPU starts copying after one short round trip, then
   // batch_blocks each; the last batch at most last_batch_blocks (0: what remains), so that
@@ -122,14 +128,15 @@ class GpuBlockMover : public BlockTransfer {
       ABSL_LOCKS_EXCLUDED(load_.mu) override;
 
   // A load queued layer by layer (block_transfer.h): every batch located at once; the head
-  // of the blocks (all but the last layerwise_tail) copied whole as batches are located, then
-  // the tail group of layers by group of layers, each group's end an event that WaitForLayer
-  // makes the engine's stream wait on; with gpu_checksums, the blocks are hashed on the GPU
-  // (beside the engine's work) once all landed and checked at Finish. Keys whose pool is on another
-  // machine are loaded (through staging) before this returns. One at a time per mover: while
-  // one is unfinished, another fails every key with FailedPrecondition. Layers: the layout's
-  // tensors (segment_tensors), so a cross-layer cache loads as one layer; they are copied in
-  // groups (layerwise_group_bytes), and a layer's wait is its group's.
+  // of the blocks (all but the last layerwise_tail, at most layerwise_tail_max_bytes of them)
+  // copied whole as batches are located, then the tail group of layers by group of layers,
+  // each group's end an event that WaitForLayer makes the engine's stream wait on; with
+  // gpu_checksums, the blocks are hashed on the GPU (beside the engine's work) once all landed
+  // and checked at Finish. Keys whose pool is on another machine are loaded (through staging)
+  // before this returns. One at a time per mover: while one is unfinished, another fails
+  // every key with FailedPrecondition. Layers: the layout's tensors (segment_tensors), so a
+  // cross-layer cache loads as one layer; they are copied in groups (layerwise_group_bytes),
+  // and a layer's wait is its group's.
   std::unique_ptr<LayerwiseLoad> StartLayerwiseLoad(absl::Span<const std::string> keys,
                                                     absl::Span<const int32_t> block_ids)
       ABSL_LOCKS_EXCLUDED(load_.mu) override;
@@ -247,6 +254,7 @@ class GpuBlockMover : public BlockTransfer {
   std::vector<cudaEvent_t> layer_events_;
   cudaEvent_t layerwise_done_ = nullptr;
   double layerwise_tail_ = 0.5;
+  uint64_t layerwise_tail_max_bytes_ = 0;
   bool layerwise_busy_ ABSL_GUARDED_BY(load_.mu) = false;
   uint64_t* layerwise_sums_ ABSL_GUARDED_BY(load_.mu) = nullptr;
   size_t layerwise_sums_capacity_ ABSL_GUARDED_BY(load_.mu) = 0;
