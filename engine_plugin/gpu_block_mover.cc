@@ -703,7 +703,8 @@ std::unique_ptr<LayerwiseLoad> GpuBlockMover::StartLayerwiseLoad(
   size_t tail = std::min(keys.size(), static_cast<size_t>(std::ceil(
                                           layerwise_tail_ * static_cast<double>(keys.size()))));
   if (layerwise_tail_max_bytes_ > 0) {
-    tail = std::min<size_t>(tail, std::max<uint64_t>(1, layerwise_tail_max_bytes_ / bytes_per_block_));
+    tail = std::min<size_t>(tail,
+                            std::max<uint64_t>(1, layerwise_tail_max_bytes_ / bytes_per_block_));
   }
   const size_t tail_from = keys.size() - tail;
   size_t tail_ids = 0;  // ids[tail_ids, ...) are the tail's (all of them with force_remote)
