@@ -50,6 +50,13 @@ class MasterTest : public ::testing::Test {
     }
   }
 
+  // What Wait answers for `ticket` right away (nullopt: it parked the wait).
+  std::optional<bool> WaitNow(const ManifestSync::Ticket& ticket) {
+    std::optional<bool> durable;
+    master_.manifest_sync().Wait(ticket, now_ + absl::Hours(1), [&](bool ok) { durable = ok; });
+    return durable;
+  }
+
   PutStartResult PutStart(const std::string& key, uint64_t size, uint32_t replicas = 1,
                           PinMode pin = PinMode::kNone) {
     std::vector<std::string> keys = {key};
@@ -988,9 +995,7 @@ TEST_F(MasterTest, ACommitWhoseSegmentWentBeforeTheWaitIsNotDurable) {
   ASSERT_TRUE(ended.results[0].ok());
   ASSERT_FALSE(ended.ticket.empty());
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20, /*incarnation=*/2)).ok());
-  std::optional<bool> durable;
-  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1),
-                               [&](bool ok) { durable = ok; });
+  std::optional<bool> durable = WaitNow(ended.ticket);
   ASSERT_TRUE(durable.has_value());
   EXPECT_FALSE(*durable);
 }
@@ -1003,9 +1008,7 @@ TEST_F(MasterTest, ACommitAppliedBeforeItsSegmentWentIsDurable) {
   ASSERT_TRUE(ended.results[0].ok());
   Applied();
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20, /*incarnation=*/2)).ok());
-  std::optional<bool> durable;
-  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1),
-                               [&](bool ok) { durable = ok; });
+  std::optional<bool> durable = WaitNow(ended.ticket);
   ASSERT_TRUE(durable.has_value());
   EXPECT_TRUE(*durable);
 }
@@ -1021,8 +1024,7 @@ TEST_F(MasterTest, ARecordForASegmentAlreadyGoneFailsItsTicket) {
       old_id, ManifestRecord{.kind = ManifestRecord::Kind::kAdd, .key = "k", .size = 10},
       &ticket);
   ASSERT_FALSE(ticket.empty());
-  std::optional<bool> durable;
-  master_.manifest_sync().Wait(ticket, now_ + absl::Hours(1), [&](bool ok) { durable = ok; });
+  std::optional<bool> durable = WaitNow(ticket);
   ASSERT_TRUE(durable.has_value());
   EXPECT_FALSE(*durable);
 }
@@ -1033,9 +1035,7 @@ TEST_F(MasterTest, AWaitAfterCloseIsNotDurable) {
   PutStartResult started = PutStart("k", 10);
   Durable<absl::Status> ended = master_.BatchPutEnd({PutRef{"k", started.put_id}});
   master_.manifest_sync().Close();
-  std::optional<bool> durable;
-  master_.manifest_sync().Wait(ended.ticket, now_ + absl::Hours(1),
-                               [&](bool ok) { durable = ok; });
+  std::optional<bool> durable = WaitNow(ended.ticket);
   ASSERT_TRUE(durable.has_value());
   EXPECT_FALSE(*durable);
 }
