@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvpool/client.h"
 #include "proto/error_codes.h"
@@ -120,6 +121,36 @@ TEST(MetricsTest, CountersMoveByExactlyWhatAKnownWorkloadDid) {
   EXPECT_EQ(status->get_misses, 2u);
   EXPECT_EQ(status->put_deduplicated, 1u);
   EXPECT_EQ(status->put_no_space, 1u);
+}
+
+// A commit costs its segment one heartbeat round trip: the batch's records go out in one
+// answer to the segment's poll, and the heartbeat that acknowledges them parks the next poll
+// (it used to cost three: the first record, the rest, and an empty answer to the
+// acknowledgement).
+TEST(MetricsTest, ACommitCostsItsSegmentOneHeartbeat) {
+  absl::StatusOr<testing::MasterProcess> master = testing::StartMaster(
+      {"--embedded-segment-size=0", "--heartbeat-interval=5s", "--segment-ttl=30s"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<testing::SegmentProcess> segment = testing::StartSegment(master->grpc, "4MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ClientOptions options;
+  options.master_address = master->grpc;
+  std::unique_ptr<Client> client = std::move(Client::Create(options).value());
+  const std::string value(1024, 'v');
+  const std::string heartbeats = "kvpool_rpc_requests_total{method=\"Heartbeat\"}";
+  constexpr int kBatches = 10;
+  double before = Sample(Scrape(master->http), heartbeats);
+  for (int batch = 0; batch < kBatches; ++batch) {
+    std::vector<PutItem> items;
+    for (int i = 0; i < 8; ++i) {
+      items.push_back({absl::StrCat("b", batch, "-", i), {{value.data(), value.size()}}});
+    }
+    for (const absl::Status& put : client->BatchPut(items)) ASSERT_TRUE(put.ok()) << put;
+  }
+  double after = Sample(Scrape(master->http), heartbeats);
+  // One per commit, and at most one more that a poll's 5 s hold ran out in the meantime.
+  EXPECT_GE(after - before, kBatches);
+  EXPECT_LE(after - before, kBatches + 1);
 }
 
 TEST(MetricsTest, SegmentIsNotReadyUntilMounted) {

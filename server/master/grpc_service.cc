@@ -259,13 +259,17 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
       !busy.ok() && !absl::IsNotFound(busy)) {
     return call.Finish(busy);
   }
+  // What the segment applied is acknowledged now (its waiters released), and a poll that
+  // finds nothing newer parks: were they acknowledged only in the answer, every
+  // acknowledgement would cost another round trip, answered at once and empty.
   uint64_t acked = request->acked_seq();
   std::vector<uint64_t> refused(request->refused_seqs().begin(), request->refused_seqs().end());
-  auto answer = [this, call, context, response, segment, acked, refused = std::move(refused)] {
+  master_.manifest_sync().Sync(segment, acked, /*max_records=*/0, refused);
+  auto answer = [this, call, context, response, segment, acked] {
     // Held across a step-down: a deposed leader hands out no more records.
     if (RefuseUnlessLeader(call, context) != nullptr) return;
     ManifestSync::Batch batch =
-        master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat, refused);
+        master_.manifest_sync().Sync(segment, acked, kMaxRecordsPerHeartbeat);
     for (const ManifestRecord& record : batch.records) ToProto(record, response->add_records());
     response->set_last_seq(batch.last_seq);
     call.Finish(absl::OkStatus());

@@ -40,12 +40,14 @@ void ManifestSync::Untrack(SegmentId segment) {
   for (auto& [callback, ok] : done) callback(ok);
 }
 
-void ManifestSync::Append(SegmentId segment, ManifestRecord record, Ticket* ticket) {
-  AppendThen(segment, std::move(record), ticket, nullptr);
+void ManifestSync::Append(SegmentId segment, ManifestRecord record, Ticket* ticket,
+                          DeferredPolls* deferred) {
+  AppendThen(segment, std::move(record), ticket, nullptr, nullptr, deferred);
 }
 
 void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record, Ticket* ticket,
-                              std::function<void()> then, std::function<void()> refused) {
+                              std::function<void()> then, std::function<void()> refused,
+                              DeferredPolls* deferred) {
   std::function<void()> poll;
   std::function<void(const ManifestRecord&)> local;
   bool queued = false;
@@ -70,7 +72,11 @@ void ManifestSync::AppendThen(SegmentId segment, ManifestRecord record, Ticket* 
     }
   }
   if (local) local(record);
-  if (poll) poll();
+  if (poll && deferred != nullptr) {
+    deferred->polls_.push_back(std::move(poll));
+  } else if (poll) {
+    poll();
+  }
   if (!queued && then) then();
 }
 

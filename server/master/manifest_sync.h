@@ -60,6 +60,23 @@ class ManifestSync {
     bool empty() const { return waits.empty(); }
   };
 
+  // Polls that a batch of appends answers once, after its last record, so that the batch goes
+  // out in one heartbeat answer (not its first record, then the rest in another round trip):
+  // AppendThen moves the poll it would answer here, and the destructor answers them.
+  class DeferredPolls {
+   public:
+    DeferredPolls() = default;
+    DeferredPolls(const DeferredPolls&) = delete;
+    DeferredPolls& operator=(const DeferredPolls&) = delete;
+    ~DeferredPolls() {
+      for (std::function<void()>& poll : polls_) poll();
+    }
+
+   private:
+    friend class ManifestSync;
+    std::vector<std::function<void()>> polls_;
+  };
+
   struct Batch {
     std::vector<ManifestRecord> records;
     // Sequence number of the last record in `records` (or the acknowledged one if none).
@@ -77,16 +94,18 @@ class ManifestSync {
   void Untrack(SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues a record for a tracked segment and adds it to `ticket` (if given): to a segment
-  // already gone, a record the ticket can never see applied.
-  void Append(SegmentId segment, ManifestRecord record, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // already gone, a record the ticket can never see applied. The segment's parked poll is
+  // answered at once, or by `deferred` (if given) when it goes.
+  void Append(SegmentId segment, ManifestRecord record, Ticket* ticket,
+              DeferredPolls* deferred = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Append, and runs `then` once the segment has applied the record (or is gone; at once for
   // a local or untracked segment). `then` may run on the caller's thread.
   // `refused` (if given) runs instead of nothing when the segment reports that it refused
   // the record (an ADD whose range does not hold the bytes of its checksum), before `then`
   // and before the waiters on the record are released.
   void AppendThen(SegmentId segment, ManifestRecord record, Ticket* ticket,
-                  std::function<void()> then, std::function<void()> refused = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                  std::function<void()> then, std::function<void()> refused = nullptr,
+                  DeferredPolls* deferred = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds to `ticket` everything queued for the segment so far (for a segment gone, what was
   // queued when it went).
   void Barrier(SegmentId segment, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);

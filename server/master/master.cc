@@ -307,6 +307,7 @@ Durable<absl::Status> Master::ReplicaCopyEnd(absl::Span<const MigrationRef> refs
 }
 
 Durable<absl::Status> Master::FinishCopies(absl::Span<const MigrationRef> refs, bool requested) {
+  ManifestSync::DeferredPolls polls;  // answered once the batch's records are all queued
   Durable<absl::Status> durable;
   absl::Time now = options_.clock();
   for (const MigrationRef& ref : refs) {
@@ -325,7 +326,7 @@ Durable<absl::Status> Master::FinishCopies(absl::Span<const MigrationRef> refs, 
                                          finished->destination.offset, object.size,
                                          object.checksum, object.pin,
                                          finished->destination.grant, now + options_.put_timeout},
-                          &durable.ticket);
+                          &durable.ticket, &polls);
     if (const std::optional<Replica>& source = finished->dropped_source) {
       // The shard's releaser queued its FORGET; wait for it too.
       manifest_sync_.Barrier(source->segment->id(), &durable.ticket);
@@ -504,6 +505,8 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
 }
 
 Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
+  // The segments hear of the batch's records once they are all queued.
+  ManifestSync::DeferredPolls polls;
   Durable<absl::Status> durable;
   durable.results.reserve(puts.size());
   absl::Time now = options_.clock();
@@ -554,7 +557,8 @@ Durable<absl::Status> Master::BatchPutEnd(absl::Span<const PutRef> puts) {
                              " refused the commit: the bytes in the reserved range do not match "
                              "the checksum given (never, partly or wrongly written); nothing was "
                              "committed, put again"));
-          });
+          },
+          &polls);
     }
   }
   return durable;

@@ -984,6 +984,41 @@ TEST_F(MasterTest, ClosingManifestSyncAnswersParkedPollsAndWaiters) {
   EXPECT_TRUE(second);
 }
 
+// A segment hears of a batch's commits in one answer to its heartbeat poll, not of the first
+// commit alone and of the rest one round trip later: the poll is answered once, after the
+// batch's last record is queued.
+TEST_F(MasterTest, ABatchOfCommitsGoesOutInOnePollAnswer) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  SegmentId id = *master_.Heartbeat("a", 1).segment;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> sizes;
+  for (int i = 0; i < 8; ++i) {
+    keys.push_back(absl::StrCat("k", i));
+    sizes.push_back(100);
+  }
+  std::vector<PutStartResult> started = master_.BatchPutStart(keys, sizes, {}).value();
+  std::vector<PutRef> puts;
+  for (size_t i = 0; i < keys.size(); ++i) puts.push_back(PutRef{keys[i], started[i].put_id});
+  // What the segment would be sent when its poll is answered.
+  std::optional<size_t> told;
+  master_.manifest_sync().Poll(id, now_ + absl::Hours(1), [&] {
+    told = master_.manifest_sync().Sync(id, 0, 1000).records.size();
+  });
+  Durable<absl::Status> ended = master_.BatchPutEnd(puts);
+  ASSERT_TRUE(told.has_value());
+  EXPECT_EQ(*told, keys.size());
+  EXPECT_EQ(WaitNow(ended.ticket), std::nullopt);
+  // Acknowledged (as a heartbeat does on arrival): the waiters go, and the next poll parks
+  // (nothing newer to send), instead of being answered at once and empty.
+  master_.manifest_sync().Sync(id, keys.size(), 0);
+  EXPECT_EQ(WaitNow(ended.ticket), std::optional<bool>(true));
+  bool answered = false;
+  master_.manifest_sync().Poll(id, now_ + absl::Hours(1), [&] { answered = true; });
+  EXPECT_FALSE(answered);
+  master_.manifest_sync().Close();
+  EXPECT_TRUE(answered);
+}
+
 // A commit's ticket is waited on after BatchPutEnd returns (the gRPC handler's next step).
 // A segment mounted afresh in between took the unapplied ADD with it: the commit must not be
 // answered as durable (the object is dropped with the segment's old replicas, and its
