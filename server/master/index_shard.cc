@@ -43,13 +43,19 @@ absl::Time GrantsEnd(const Object& object) {
 
 }  // namespace
 
-uint64_t NewGrant() {
-  uint64_t grant = 0;
-  while (grant == 0) {
-    KVPOOL_CHECK(RAND_bytes(reinterpret_cast<uint8_t*>(&grant), sizeof(grant)) == 1)
-        << "no randomness for a grant id";
+uint64_t GrantIds::Next() {
+  absl::MutexLock lock(&mu_);
+  uint64_t id = 0;
+  while (id == 0) {
+    if (next_ == kBlock) {
+      KVPOOL_CHECK(RAND_bytes(reinterpret_cast<uint8_t*>(ids_.data()), sizeof(ids_)) == 1)
+          << "no randomness for grant ids";
+      next_ = 0;
+    }
+    id = ids_[next_];
+    ids_[next_++] = 0;  // handed out once
   }
-  return grant;
+  return id;
 }
 
 // Clocks of master and segments may differ this much.
@@ -115,7 +121,7 @@ absl::StatusOr<ObjectView> IndexShard::Reserve(
     std::optional<uint64_t> offset = segment->allocator().Allocate(request.size);
     if (!offset) continue;
     segment->AddReplicas(1);
-    replicas.push_back(Replica{segment, *offset, NewGrant()});
+    replicas.push_back(Replica{segment, *offset, grant_ids_.Next()});
   }
   if (replicas.empty()) {
     return absl::ResourceExhaustedError(
@@ -496,7 +502,7 @@ void IndexShard::StartMigrations(const MountedSegment& from,
       }
       if (std::optional<uint64_t> offset = target->allocator().Allocate(object.size)) {
         target->AddReplicas(1);
-        destination = Replica{target, *offset, NewGrant()};
+        destination = Replica{target, *offset, grant_ids_.Next()};
         break;
       }
     }
@@ -580,7 +586,7 @@ absl::StatusOr<MigrationView> IndexShard::StartCopy(absl::string_view key,
     if (candidate.get() == target) held = candidate;
   }
   object.migration = Migration{request.id,         source->segment.get(),
-                               Replica{held, *offset, NewGrant()},
+                               Replica{held, *offset, grant_ids_.Next()},
                                request.deadline,   /*requested=*/true,
                                /*keep_source=*/!request.move};
   return MigrationView{std::string(key), object.size, object.checksum, *source,

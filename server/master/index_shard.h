@@ -8,6 +8,7 @@
 // after its deadline) and then *committed* (visible, evictable unless leased or pinned).
 // Committed objects are kept in least-recently-used order for eviction.
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -41,8 +42,19 @@ struct Replica {
   bool writes_fenced = false;
 };
 
-// Draws a grant id (random, never 0).
-uint64_t NewGrant();
+// Grant and put ids: random (OpenSSL's generator), never 0. Drawn a block at a time, since a
+// RAND_bytes call costs about a microsecond whatever its size, and a reservation needs two
+// ids per key (a quarter of the master's CPU under 512-key BatchPutStart calls). Thread-safe.
+class GrantIds {
+ public:
+  uint64_t Next() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  static constexpr size_t kBlock = 512;
+  absl::Mutex mu_;
+  std::array<uint64_t, kBlock> ids_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = kBlock;
+};
 
 // A copy of a committed object on its way from a draining segment to another one
 // (Master::MigrateStart), or to a named segment for a copy or move task
@@ -314,6 +326,7 @@ class IndexShard {
 
   Releaser releaser_;
   UsageHook usage_hook_;
+  GrantIds grant_ids_;
 
   mutable absl::Mutex mu_;
   Map objects_ ABSL_GUARDED_BY(mu_);

@@ -149,7 +149,7 @@ absl::StatusOr<std::vector<std::string>> Master::RestoreManifest(
                 record.offset % RangeAllocator::kAlignment == 0 && ValidateKey(record.key).ok();
     absl::Status restored =
         sane ? ShardFor(record.key).Restore(record.key, record.size, record.checksum, record.pin,
-                                            Replica{segment, record.offset, NewGrant()})
+                                            Replica{segment, record.offset, grant_ids_.Next()})
              : absl::InvalidArgumentError("bad manifest record");
     if (!restored.ok()) {
       if (!sane) {
@@ -284,7 +284,7 @@ absl::StatusOr<MigrationPlan> Master::ReplicaCopyStart(const std::string& key,
   request.move = move;
   request.dry_run = dry_run;
   // Random, so that nobody ends another caller's copy by guessing its id.
-  request.id = NewGrant();
+  request.id = grant_ids_.Next();
   request.deadline = now + options_.put_timeout;
   absl::StatusOr<MigrationView> started = ShardFor(key).StartCopy(key, request, now);
   if (!started.ok()) return started.status();
@@ -472,7 +472,7 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
     request.size = sizes[i];
     // Unpredictable (CSPRNG), so nobody can commit or revoke another client's reservation by
     // guessing its id.
-    request.put_id = NewGrant();
+    request.put_id = grant_ids_.Next();
     // Step P1: reserve space on distinct segments, evicting once if there is none.
     absl::StatusOr<ObjectView> reserved = reserve(keys[i]);
     if (reserved.status().code() == absl::StatusCode::kResourceExhausted) {

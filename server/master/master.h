@@ -323,6 +323,7 @@ class Master {
   ManifestSync manifest_sync_;
   std::array<IndexShard, kNumShards> shards_;
   std::atomic<uint64_t> next_put_id_;
+  GrantIds grant_ids_;  // put ids, migration ids, grants of restored replicas
   MasterCounters counters_;
   // Refused commits are logged at most once a second (each is counted in counters_).
   LogLimiter refusal_log_;

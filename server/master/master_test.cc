@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
 #include "proto/capability.h"
 #include "proto/error_codes.h"
@@ -88,6 +89,17 @@ class MasterTest : public ::testing::Test {
   std::map<std::string, uint64_t> incarnations_;
   Master master_;
 };
+
+// Ids come a block of 512 at a time: across blocks they stay distinct and never 0.
+TEST(GrantIdsTest, DistinctAndNeverZeroAcrossBlocks) {
+  GrantIds ids;
+  absl::flat_hash_set<uint64_t> seen;
+  for (int i = 0; i < 4000; ++i) {
+    uint64_t id = ids.Next();
+    EXPECT_NE(id, 0u);
+    EXPECT_TRUE(seen.insert(id).second) << "id " << id << " drawn twice";
+  }
+}
 
 TEST_F(MasterTest, TwoPhasePutIsInvisibleUntilCommitted) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
