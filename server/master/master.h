@@ -193,6 +193,8 @@ struct MasterCounters {
 class Master {
  public:
   static constexpr size_t kNumShards = 64;
+  // Hashed with the key to choose its shard (see ShardFor).
+  static constexpr uint64_t kShardSalt = 0x6b76706f6f6c;
 
   explicit Master(MasterOptions options = {});
 
