@@ -295,7 +295,8 @@ absl::StatusOr<std::vector<Client::Impl::Located>> Client::Impl::Locate(
   for (size_t i : missing) asked.push_back(keys[i]);
   master_lookups.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::vector<client::Location>> answer = master->BatchGetReplicaList(
-      asked, renewing.size() == missing.size() ? std::optional(kRenewTimeout) : std::nullopt);
+      asked, {.timeout = renewing.size() == missing.size() ? std::optional(kRenewTimeout)
+                                                           : std::nullopt});
   if (!answer.ok()) {
     if (renewing.size() != missing.size()) return answer.status();
     // Every key still has a lease: read where the cache says.
@@ -764,10 +765,11 @@ std::vector<absl::StatusOr<LocalValue>> Client::BatchGetLocal(absl::Span<const s
   impl_->MapKnownLocalPools();
   const size_t n = keys.size();
   // Always the master's answer, never a cached one: the caller reads the pool itself, so a
-  // cached location gone stale would not be caught by the client's checksum check.
+  // cached location gone stale would not be caught by the client's checksum check. Nor
+  // tokens: no token is checked on a pool this process mapped.
   impl_->master_lookups.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::vector<client::Location>> located =
-      impl_->master->BatchGetReplicaList(keys);
+      impl_->master->BatchGetReplicaList(keys, {.tokens = false});
   if (!located.ok()) return std::vector<absl::StatusOr<LocalValue>>(n, located.status());
   std::vector<absl::StatusOr<LocalValue>> results;
   results.reserve(n);

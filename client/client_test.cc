@@ -187,7 +187,7 @@ class FakeMaster final : public MasterClient {
   }
 
   absl::StatusOr<std::vector<Location>> BatchGetReplicaList(
-      absl::Span<const std::string> keys, std::optional<absl::Duration>) override {
+      absl::Span<const std::string> keys, const client::LocateOptions&) override {
     ++lookups;
     if (unavailable) return Unavailable();
     absl::MutexLock lock(&mu_);

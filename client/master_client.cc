@@ -31,19 +31,22 @@ v1::PinMode ToWire(PinMode pin) {
 }
 
 // A placement as the client uses it; InternalError for one the master got wrong: a token of
-// the wrong size, or a length other than the object's `size`.
-absl::StatusOr<Placement> FromWire(const v1::Placement& placement, uint64_t size) {
+// the wrong size (none is right where none was asked for: `token` false; a master from
+// before without_tokens sends one anyway), or a length other than the object's `size`.
+absl::StatusOr<Placement> FromWire(const v1::Placement& placement, uint64_t size,
+                                   bool token = true) {
   Placement out{.segment_name = placement.segment_name(),
                 .endpoint = placement.endpoint(),
                 .host = placement.host(),
                 .incarnation = placement.incarnation(),
                 .offset = placement.offset(),
                 .length = placement.length()};
-  if (placement.token().size() != out.token.size()) {
+  const bool none = !token && placement.token().empty();
+  if (!none && placement.token().size() != out.token.size()) {
     return absl::InternalError(
         absl::StrCat("master sent a ", placement.token().size(), "-byte token"));
   }
-  std::memcpy(out.token.data(), placement.token().data(), out.token.size());
+  if (!none) std::memcpy(out.token.data(), placement.token().data(), out.token.size());
   if (placement.length() != size) {
     return absl::InternalError(absl::StrCat("master placed ", placement.length(),
                                             " bytes for an object of ", size));
@@ -116,7 +119,7 @@ class GrpcMasterClient final : public MasterClient {
   absl::StatusOr<std::vector<absl::Status>> BatchPutEnd(absl::Span<const PutEnd> items) override;
   absl::Status BatchPutRevoke(absl::Span<const PutEnd> items) override;
   absl::StatusOr<std::vector<Location>> BatchGetReplicaList(
-      absl::Span<const std::string> keys, std::optional<absl::Duration> timeout) override;
+      absl::Span<const std::string> keys, const LocateOptions& options) override;
   absl::StatusOr<std::vector<absl::StatusOr<bool>>> BatchExist(
       absl::Span<const std::string> keys) override;
   std::vector<absl::Status> BatchRemove(absl::Span<const std::string> keys, bool force) override;
@@ -348,13 +351,14 @@ absl::Status GrpcMasterClient::BatchPutRevoke(absl::Span<const PutEnd> items) {
 }
 
 absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
-    absl::Span<const std::string> keys, std::optional<absl::Duration> timeout) {
+    absl::Span<const std::string> keys, const LocateOptions& options) {
   v1::BatchGetReplicaListRequest request;
   for (const std::string& key : keys) request.add_keys(key);
+  request.set_without_tokens(!options.tokens);
   absl::Time asked = absl::Now();
   absl::StatusOr<v1::BatchGetReplicaListResponse> answer =
       Call(&v1::MasterService::Stub::BatchGetReplicaList, request,
-           std::min(rpc_timeout_, timeout.value_or(rpc_timeout_)));
+           std::min(rpc_timeout_, options.timeout.value_or(rpc_timeout_)));
   if (!answer.ok()) return answer.status();
   if (answer->results_size() != static_cast<int>(keys.size())) {
     return CountMismatch(answer->results_size(), keys.size());
@@ -374,7 +378,7 @@ absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
     out.lease = absl::Milliseconds(result.lease_ttl_ms());
     out.lease_expiry = asked + out.lease;
     for (const v1::Placement& replica : result.replicas()) {
-      absl::StatusOr<Placement> converted = FromWire(replica, result.size());
+      absl::StatusOr<Placement> converted = FromWire(replica, result.size(), options.tokens);
       if (!converted.ok()) {
         out.status = converted.status();
         break;

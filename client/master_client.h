@@ -44,6 +44,16 @@ struct Placement {
   wire::Token token{};
 };
 
+// How BatchGetReplicaList asks.
+struct LocateOptions {
+  // Within this if given (shorter than rpc_timeout: a renewal of cached locations).
+  std::optional<absl::Duration> timeout;
+  // Placements with read tokens. Without (Placement::token zero), for a caller that reads
+  // through pools it has mapped (Client::BatchGetLocal), where no token is checked: the
+  // master mints none (about a microsecond each) and sends none.
+  bool tokens = true;
+};
+
 // Where a key's replicas are (step G1). Unless status is OK, the rest is empty. An OK
 // location has at least one replica, each as long as `size`.
 struct Location {
@@ -141,10 +151,8 @@ class MasterClient {
   virtual absl::StatusOr<std::vector<absl::Status>> BatchPutEnd(
       absl::Span<const PutEnd> items) = 0;
   virtual absl::Status BatchPutRevoke(absl::Span<const PutEnd> items) = 0;
-  // Within `timeout` if given (shorter than rpc_timeout: a renewal of cached locations).
   virtual absl::StatusOr<std::vector<Location>> BatchGetReplicaList(
-      absl::Span<const std::string> keys,
-      std::optional<absl::Duration> timeout = std::nullopt) = 0;
+      absl::Span<const std::string> keys, const LocateOptions& options = {}) = 0;
   virtual absl::StatusOr<std::vector<absl::StatusOr<bool>>> BatchExist(
       absl::Span<const std::string> keys) = 0;
   // One status per key: the call's failure for every key when the call failed.

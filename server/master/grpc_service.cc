@@ -53,7 +53,7 @@ void ToProto(const PlacementView& placement, v1::Placement* out) {
   out->set_endpoint(placement.endpoint);
   out->set_offset(placement.offset);
   out->set_length(placement.length);
-  out->set_token(placement.token.data(), placement.token.size());
+  if (placement.token) out->set_token(placement.token->data(), placement.token->size());
   out->set_host(placement.host);
   out->set_incarnation(placement.incarnation);
 }
@@ -395,7 +395,8 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
   std::vector<int32_t> codes;
   std::vector<std::string> keys = ToKeys(request->keys());
   if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
-  for (const GetResult& result : master_.BatchGetReplicaList(keys)) {
+  for (const GetResult& result : master_.BatchGetReplicaList(
+           keys, request->without_tokens() ? ReadTokens::kLeftOut : ReadTokens::kMinted)) {
     codes.push_back(ToErrorCode(result.status));
     v1::GetResult* out = response->add_results();
     out->set_code(codes.back());

@@ -81,7 +81,7 @@ absl::Status Master::ValidateKey(absl::string_view key) const {
 }
 
 PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire::Opcode opcode,
-                                    absl::Time expiry) const {
+                                    absl::Time expiry, bool mint) const {
   const SegmentInfo& info = replica.segment->info();
   PlacementView placement;
   placement.segment_name = info.name;
@@ -90,9 +90,10 @@ PlacementView Master::MakePlacement(const Replica& replica, uint64_t size, wire:
   placement.incarnation = info.incarnation;
   placement.offset = replica.offset;
   placement.length = size;
-  placement.token =
-      wire::MintToken(replica.segment->token_key(), opcode, replica.offset, size, expiry,
-                      replica.grant);
+  if (mint) {
+    placement.token = wire::MintToken(replica.segment->token_key(), opcode, replica.offset, size,
+                                      expiry, replica.grant);
+  }
   return placement;
 }
 
@@ -578,7 +579,8 @@ std::vector<absl::Status> Master::BatchPutRevoke(absl::Span<const PutRef> puts) 
   return results;
 }
 
-std::vector<GetResult> Master::BatchGetReplicaList(absl::Span<const std::string> keys) {
+std::vector<GetResult> Master::BatchGetReplicaList(absl::Span<const std::string> keys,
+                                                   ReadTokens tokens) {
   absl::Time now = options_.clock();
   std::vector<GetResult> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -595,8 +597,9 @@ std::vector<GetResult> Master::BatchGetReplicaList(absl::Span<const std::string>
     result.checksum = object->checksum;
     result.lease_expiry = object->lease_expiry;
     for (const Replica& replica : object->replicas) {
-      result.replicas.push_back(
-          MakePlacement(replica, object->size, wire::Opcode::kRead, object->lease_expiry));
+      result.replicas.push_back(MakePlacement(replica, object->size, wire::Opcode::kRead,
+                                              object->lease_expiry,
+                                              tokens == ReadTokens::kMinted));
     }
   }
   return results;

@@ -68,8 +68,13 @@ struct PlacementView {
   uint64_t incarnation = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
-  wire::Token token{};
+  // None where the caller asked for none (ReadTokens::kLeftOut).
+  std::optional<wire::Token> token;
 };
+
+// Whether BatchGetReplicaList mints read tokens: left out for a caller that reads through
+// shared memory, where no token is checked.
+enum class ReadTokens { kMinted, kLeftOut };
 
 struct PutStartOptions {
   uint32_t replica_num = 1;
@@ -269,7 +274,8 @@ class Master {
                                                             const PutStartOptions& options);
   Durable<absl::Status> BatchPutEnd(absl::Span<const PutRef> puts);
   std::vector<absl::Status> BatchPutRevoke(absl::Span<const PutRef> puts);
-  std::vector<GetResult> BatchGetReplicaList(absl::Span<const std::string> keys);
+  std::vector<GetResult> BatchGetReplicaList(absl::Span<const std::string> keys,
+                                             ReadTokens tokens = ReadTokens::kMinted);
   // True/false per key (a true grants a lease), or InvalidArgument for a bad key.
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys);
   // A key whose removal is not yet durable (a segment holding a replica has not applied its
@@ -308,8 +314,9 @@ class Master {
   IndexShard& ShardFor(absl::string_view key);
   // InvalidArgument (INVALID_KEY) for an empty or too long key.
   absl::Status ValidateKey(absl::string_view key) const;
+  // With a token for `opcode` until `expiry`, or none (`mint` false).
   PlacementView MakePlacement(const Replica& replica, uint64_t size, wire::Opcode opcode,
-                              absl::Time expiry) const;
+                              absl::Time expiry, bool mint = true) const;
   // Evicts least recently used objects until at least `bytes` are freed or nothing more may
   // go (soft-pinned ones only if `soft_pinned_too`); returns the bytes freed.
   uint64_t Evict(uint64_t bytes, bool soft_pinned_too);

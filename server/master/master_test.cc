@@ -126,6 +126,27 @@ TEST_F(MasterTest, TwoPhasePutIsInvisibleUntilCommitted) {
   EXPECT_EQ(summary.used_bytes, 1024u);  // rounded to the allocator's alignment
 }
 
+// A reader through shared memory asks for no tokens: the same placements and lease, none
+// minted.
+TEST_F(MasterTest, LocationsWithoutTokensForSharedMemoryReaders) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
+  ASSERT_TRUE(Put("k", 100).ok());
+  GetResult minted = master_.BatchGetReplicaList({"k"})[0];
+  GetResult bare = master_.BatchGetReplicaList({"k"}, ReadTokens::kLeftOut)[0];
+  ASSERT_TRUE(bare.status.ok()) << bare.status;
+  ASSERT_EQ(bare.replicas.size(), 1u);
+  ASSERT_EQ(minted.replicas.size(), 1u);
+  EXPECT_TRUE(minted.replicas[0].token.has_value());
+  EXPECT_FALSE(bare.replicas[0].token.has_value());
+  EXPECT_EQ(bare.replicas[0].endpoint, minted.replicas[0].endpoint);
+  EXPECT_EQ(bare.replicas[0].offset, minted.replicas[0].offset);
+  EXPECT_EQ(bare.replicas[0].length, 100u);
+  EXPECT_EQ(bare.size, 100u);
+  EXPECT_GT(bare.lease_expiry, now_);
+  EXPECT_EQ(master_.BatchGetReplicaList({"absent"}, ReadTokens::kLeftOut)[0].status.code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(MasterTest, TokensGrantExactlyThePlacementToItsSegment) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   PutStartResult started = PutStart("k", 4096);
@@ -133,7 +154,7 @@ TEST_F(MasterTest, TokensGrantExactlyThePlacementToItsSegment) {
   wire::RequestHeader write{.opcode = wire::Opcode::kWrite,
                             .offset = p.offset,
                             .length = p.length,
-                            .token = p.token};
+                            .token = *p.token};
   EXPECT_TRUE(wire::VerifyToken(secrets_["a"], write, now_).ok());
   EXPECT_FALSE(wire::VerifyToken(secrets_["a"], write, now_ + absl::Minutes(2)).ok());
   wire::RequestHeader read = write;
@@ -559,7 +580,7 @@ TEST_F(MasterTest, ReadTokensExpireWithTheLease) {
   GetResult got = master_.BatchGetReplicaList({"k"})[0];
   const PlacementView& p = got.replicas[0];
   wire::RequestHeader read{.opcode = wire::Opcode::kRead, .offset = p.offset, .length = p.length,
-                           .token = p.token};
+                           .token = *p.token};
   EXPECT_TRUE(wire::VerifyToken(secrets_["a"], read, now_ + absl::Seconds(9)).ok());
   EXPECT_FALSE(wire::VerifyToken(secrets_["a"], read, now_ + absl::Seconds(11)).ok());
 }
@@ -724,12 +745,12 @@ TEST_F(MasterTest, MigratingDrainMovesObjectsToOtherSegmentsBeforeLeaving) {
     wire::RequestHeader write{.opcode = wire::Opcode::kWrite,
                               .offset = plan.destination.offset,
                               .length = 1000,
-                              .token = plan.destination.token};
+                              .token = *plan.destination.token};
     EXPECT_TRUE(wire::VerifyToken(secrets_["b"], write, now_).ok());
     wire::RequestHeader read{.opcode = wire::Opcode::kRead,
                              .offset = plan.source.offset,
                              .length = 1000,
-                             .token = plan.source.token};
+                             .token = *plan.source.token};
     EXPECT_TRUE(wire::VerifyToken(secrets_["a"], read, now_).ok());
   }
   // Objects being copied are held: no unforced removal.
@@ -1178,8 +1199,8 @@ TEST_F(GrantFenceTest, ARevokedRangeIsReusedOnlyOnceTheSegmentEndedItsGrant) {
   std::vector<ManifestRecord> told = Apply();
   ASSERT_EQ(told.size(), 1u);
   EXPECT_EQ(told[0].kind, ManifestRecord::Kind::kForget);
-  EXPECT_EQ(told[0].grant, wire::TokenGrant(first.placements[0].token));
-  EXPECT_NE(told[0].grant, wire::TokenGrant(second.placements[0].token));
+  EXPECT_EQ(told[0].grant, wire::TokenGrant(*first.placements[0].token));
+  EXPECT_NE(told[0].grant, wire::TokenGrant(*second.placements[0].token));
   PutStartResult third = Start("third");
   EXPECT_EQ(third.placements[0].offset, first.placements[0].offset);
 }
@@ -1195,7 +1216,7 @@ TEST_F(GrantFenceTest, ACommitEndsTheWriteGrantAndIsDurableOnlyWhenApplied) {
   std::vector<ManifestRecord> told = Apply();
   ASSERT_EQ(told.size(), 1u);
   EXPECT_EQ(told[0].kind, ManifestRecord::Kind::kAdd);
-  EXPECT_EQ(told[0].grant, wire::TokenGrant(put.placements[0].token));
+  EXPECT_EQ(told[0].grant, wire::TokenGrant(*put.placements[0].token));
   EXPECT_EQ(durable, std::optional<bool>(true));
 
   // A commit whose segment goes away before applying it is not durable.
