@@ -111,10 +111,12 @@ absl::StatusOr<std::shared_ptr<GrantTable::Write>> GrantTable::BeginWrite(
   // A shared-memory write of another grant (or of an earlier term, whose grant numbers may
   // repeat) may still be copying into this range: nothing else may write there until it is
   // done, or the two would mix.
-  for (const Write* busy : shm_writes_) {
+  const uint64_t reach = request.offset - std::min(request.offset, shm_max_length_);
+  for (auto it = shm_writes_.lower_bound(reach);
+       it != shm_writes_.end() && it->first < request.offset + request.length; ++it) {
+    const Write* busy = it->second;
     bool same = busy->grant_ == grant && busy->term_ == term_;
-    bool overlaps = busy->offset_ < request.offset + request.length &&
-                    request.offset < busy->offset_ + busy->length_;
+    bool overlaps = request.offset < busy->offset_ + busy->length_;
     if (!same && overlaps) {
       ++busy_refused_;
       if (shm) ++shm_refused_;
@@ -130,7 +132,8 @@ absl::StatusOr<std::shared_ptr<GrantTable::Write>> GrantTable::BeginWrite(
                                          /*alone=*/!writes_.contains(grant)));
   writes_.emplace(grant, write);
   if (shm) {
-    shm_writes_.insert(write.get());
+    shm_writes_.emplace(write->offset_, write.get());
+    shm_max_length_ = std::max(shm_max_length_, write->length_);
     ++shm_begun_;
   }
   if (grant != 0) {
@@ -154,7 +157,12 @@ void GrantTable::EndWrite(const std::shared_ptr<Write>& write, std::optional<Lan
     }
   }
   if (!found) return;  // ended twice
-  shm_writes_.erase(write.get());
+  for (auto [it, end] = shm_writes_.equal_range(write->offset_); it != end; ++it) {
+    if (it->second != write.get()) continue;
+    shm_writes_.erase(it);
+    if (shm_writes_.empty()) shm_max_length_ = 0;
+    break;
+  }
   if (write->orphaned_ || write->term_ != term_) return;  // ended (End, NewTerm)
   auto written = written_.find(grant);
   if (written == written_.end()) return;  // the grant's writes ended (End)
@@ -311,7 +319,7 @@ uint64_t GrantTable::deferred_ends() const {
 uint64_t GrantTable::busy_bytes() const {
   absl::ReaderMutexLock lock(&mu_);
   uint64_t bytes = 0;
-  for (const Write* write : shm_writes_) {
+  for (const auto& [offset, write] : shm_writes_) {
     if (write->orphaned_) bytes += write->length_;
   }
   return bytes;
@@ -321,8 +329,8 @@ std::vector<wire::ByteRange> GrantTable::BusyRanges(bool every_shm_write) const 
   std::vector<wire::ByteRange> busy;
   {
     absl::ReaderMutexLock lock(&mu_);
-    for (const Write* write : shm_writes_) {
-      if (every_shm_write || write->orphaned_) busy.push_back({write->offset_, write->length_});
+    for (const auto& [offset, write] : shm_writes_) {
+      if (every_shm_write || write->orphaned_) busy.push_back({offset, write->length_});
     }
   }
   return wire::CoalesceRanges(std::move(busy), wire::kMaxBusyRanges);

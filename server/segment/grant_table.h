@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -225,9 +226,11 @@ class GrantTable {
   void CutReadsLocked(bool all, uint64_t grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t term_ ABSL_GUARDED_BY(mu_) = 0;  // NewTerm calls so far
-  // Shared-memory writes in flight (also in writes_). Few: one per write of a batch being
-  // copied, so a new write's overlap check scans them.
-  absl::flat_hash_set<Write*> shm_writes_ ABSL_GUARDED_BY(mu_);
+  // Shared-memory writes in flight (also in writes_), by offset: a GPU store has hundreds in
+  // flight, so a new write's overlap check looks only at those that can reach its range,
+  // starting at most shm_max_length_ before it.
+  std::multimap<uint64_t, Write*> shm_writes_ ABSL_GUARDED_BY(mu_);
+  uint64_t shm_max_length_ ABSL_GUARDED_BY(mu_) = 0;  // since shm_writes_ was last empty
   uint64_t shm_begun_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t shm_refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t busy_refused_ ABSL_GUARDED_BY(mu_) = 0;

@@ -377,6 +377,40 @@ TEST(GrantTableShmTest, AnIntentOfAnEndedGrantHoldsItsRangeUntilDone) {
   EXPECT_EQ(grants.shm_writes_refused(), 2u);
 }
 
+// Many intents in flight (a GPU store's batch): a write is refused over any of them, a
+// long one that starts far before it included, and accepted between them.
+TEST(GrantTableShmTest, ManyIntentsInFlightEachHoldItsOwnRange) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  constexpr uint64_t kLong = 1 << 20;
+  std::vector<std::shared_ptr<GrantTable::Write>> intents;
+  // One long intent at 0, then 256 of 4 KiB with 4 KiB gaps after it.
+  auto begin = [&](uint64_t grant, uint64_t offset, uint64_t length) {
+    return grants.BeginWrite(RangeRequest(secret, grant, offset, length), now,
+                             GrantTable::WriteKind::kShm);
+  };
+  intents.push_back(*begin(1, 0, kLong));
+  for (uint64_t i = 0; i < 256; ++i) intents.push_back(*begin(100 + i, kLong + i * 8192, 4096));
+  EXPECT_EQ(grants.shm_writes_in_flight(), 257u);
+  const auto code = [&](uint64_t grant, uint64_t offset, uint64_t length) {
+    return begin(grant, offset, length).status().code();
+  };
+  // Inside the long one, near its end (it begins 1 MiB earlier), and across its end.
+  EXPECT_EQ(code(2, kLong - 8, 4), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(code(2, kLong - 8, 16), absl::StatusCode::kUnavailable);
+  // Over a short one, over its last byte, and over two of them.
+  EXPECT_EQ(code(3, kLong + 100 * 8192 + 4095, 1), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(code(3, kLong + 100 * 8192 - 1, 2), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(code(3, kLong + 4096, 8192), absl::StatusCode::kUnavailable);
+  // In a gap, and the same grant over its own range.
+  EXPECT_EQ(code(4, kLong + 100 * 8192 + 4096, 4096), absl::StatusCode::kOk);
+  EXPECT_EQ(code(100, kLong, 4096), absl::StatusCode::kOk);
+  // Done, the long one's range is free.
+  grants.EndWrite(intents[0], std::nullopt);
+  EXPECT_EQ(code(2, kLong - 8, 4), absl::StatusCode::kOk);
+}
+
 TEST(GrantTableShmTest, AnIntentOfAnEarlierTermHoldsItsRangeAgainstTheSameGrantNumber) {
   std::string old_secret = wire::NewCapabilitySecret();
   GrantTable grants(old_secret);
