@@ -20,6 +20,8 @@ case "$kind" in
     flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    # Leaks inside libcrypto that gRPC's TLS handshaker leaves now and then (the file says why).
+    export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/sanitizers/lsan.supp}
     # AttackTest.ExhaustedDescriptorsDoNotSpinAndServingResumes runs a segment out of file
     # descriptors on purpose, and the sanitizer runtime needs one: UBSan's vptr check probes
     # the vtable's memory with pipe(2), which then fails, and it reports a valid Boost.System
