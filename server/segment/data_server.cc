@@ -91,6 +91,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     server_.connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
+  auto executor() { return socket_.get_executor(); }
+
   void Start() {
     if constexpr (kTls) {
       handshaking_ = true;
@@ -613,7 +615,18 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
 
 struct DataServer::Impl {
   Impl(const MemoryPool& pool, std::string secret, DataServerOptions options)
-      : state(pool, std::move(secret), options) {}
+      : state(pool, std::move(secret), options),
+        loops(MakeLoops(options.threads)),
+        acceptor(*loops[0]),
+        backoff(*loops[0]) {}
+
+  static std::vector<std::unique_ptr<asio::io_context>> MakeLoops(int threads) {
+    std::vector<std::unique_ptr<asio::io_context>> loops;
+    for (int i = 0; i < std::max(1, threads); ++i) {
+      loops.push_back(std::make_unique<asio::io_context>());
+    }
+    return loops;
+  }
 
   void Accept();
   // The Asio context for the next TLS connection: TlsContextSource's current one (a new
@@ -624,17 +637,24 @@ struct DataServer::Impl {
   std::shared_ptr<TlsContextSource> tls;
   std::shared_ptr<SSL_CTX> tls_native;  // what tls_context wraps
   std::shared_ptr<asio::ssl::context> tls_context;
-  asio::io_context io;
-  tcp::acceptor acceptor{io};
-  asio::steady_timer backoff{io};
+  // One event loop per data-plane thread, each watching its own sockets, and connections
+  // dealt round-robin over them. (With one loop shared by every thread, the thread that took
+  // a connection's request sent its whole answer while no thread watched the other sockets:
+  // two connections' answers went out one after the other, not side by side.) The acceptor
+  // runs on the first loop.
+  std::vector<std::unique_ptr<asio::io_context>> loops;
+  size_t next_loop = 0;  // the acceptor's handler alone uses it
+  tcp::acceptor acceptor;
+  asio::steady_timer backoff;
   std::vector<std::thread> threads;
 };
 
 void DataServer::Impl::Accept() {
   // Each connection gets its own strand: its handlers (reads, writes, its timer) never run
   // at the same time.
-  acceptor.async_accept(asio::make_strand(io), [this](boost::system::error_code ec,
-                                                      tcp::socket socket) {
+  asio::io_context& loop = *loops[next_loop++ % loops.size()];
+  acceptor.async_accept(asio::make_strand(loop), [this](boost::system::error_code ec,
+                                                        tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;
     uint64_t suppressed = 0;
     if (ec) {
@@ -666,10 +686,14 @@ void DataServer::Impl::Accept() {
         socket.set_option(asio::socket_base::send_buffer_size(bytes), ignored);
         socket.set_option(asio::socket_base::receive_buffer_size(bytes), ignored);
       }
+      // Started on its own loop's thread.
       if (tls != nullptr) {
-        std::make_shared<Connection<true>>(std::move(socket), state, TlsContext())->Start();
+        auto connection =
+            std::make_shared<Connection<true>>(std::move(socket), state, TlsContext());
+        asio::post(connection->executor(), [connection] { connection->Start(); });
       } else {
-        std::make_shared<Connection<false>>(std::move(socket), state, nullptr)->Start();
+        auto connection = std::make_shared<Connection<false>>(std::move(socket), state, nullptr);
+        asio::post(connection->executor(), [connection] { connection->Start(); });
       }
     }
     Accept();
@@ -703,15 +727,19 @@ absl::StatusOr<uint16_t> DataServer::Start(const std::string& address) {
   absl::StatusOr<uint16_t> port = Listen(impl_->acceptor, address, "data");
   if (!port.ok()) return port.status();
   impl_->Accept();
-  for (int i = 0; i < std::max(1, impl_->state.options.threads); ++i) {
-    impl_->threads.emplace_back([this] { impl_->io.run(); });
+  for (std::unique_ptr<asio::io_context>& loop : impl_->loops) {
+    impl_->threads.emplace_back([loop = loop.get()] {
+      // Runs until Stop, with or without connections.
+      auto work = asio::make_work_guard(*loop);
+      loop->run();
+    });
   }
   return port;
 }
 
 void DataServer::Stop() {
   if (impl_->threads.empty()) return;
-  impl_->io.stop();
+  for (std::unique_ptr<asio::io_context>& loop : impl_->loops) loop->stop();
   for (std::thread& thread : impl_->threads) thread.join();
   impl_->threads.clear();
 }

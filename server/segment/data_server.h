@@ -40,7 +40,8 @@ struct RdmaAccept {
 };
 
 struct DataServerOptions {
-  // Threads that run the Asio event loop.
+  // Data-plane threads, each running an event loop of its own; connections are dealt
+  // round-robin over them, so a connection's requests are always served by one thread.
   int threads = 2;
   // Refuse requests without a valid capability token. Off only for tests and benchmarks.
   bool require_token = true;

@@ -146,6 +146,58 @@ TEST_F(DataServerTest, WritesLandInThePoolAndReadsComeBackPipelined) {
   EXPECT_EQ(stats.bytes_read, payload.size() + 20);
 }
 
+// The connections are dealt over the threads' event loops (here 3 loops, 7 connections, all
+// open at once): each is served, in order, whatever loop it went to, and a large answer on one
+// does not keep the others from theirs.
+TEST_F(DataServerTest, ConnectionsDealtOverTheThreadsLoopsAreEachServedInOrder) {
+  server_->Stop();
+  server_ = std::make_unique<DataServer>(*pool_, secret_, DataServerOptions{.threads = 3});
+  absl::StatusOr<uint16_t> port = server_->Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  port_ = *port;
+  constexpr int kConnections = 7;
+  constexpr uint64_t kSlice = kPoolSize / kConnections / 4096 * 4096;
+  std::vector<int> fds;
+  std::vector<std::string> payloads;
+  for (int c = 0; c < kConnections; ++c) {
+    fds.push_back(Connect());
+    payloads.emplace_back(kSlice, static_cast<char>('a' + c));
+  }
+  // Every connection writes its slice, then asks for it back twice (a large answer) and for
+  // a short piece of it; none has read an answer yet.
+  for (int c = 0; c < kConnections; ++c) {
+    SendHeader(fds[c], Request(wire::Opcode::kWrite, c * kSlice, kSlice, 1));
+    SendBytes(fds[c], payloads[c].data(), kSlice);
+    SendHeader(fds[c], Request(wire::Opcode::kRead, c * kSlice, kSlice, 2));
+    SendHeader(fds[c], Request(wire::Opcode::kRead, c * kSlice, kSlice, 3));
+    SendHeader(fds[c], Request(wire::Opcode::kRead, c * kSlice + 5, 10, 4));
+  }
+  // Read in the reverse order of connecting.
+  for (int c = kConnections - 1; c >= 0; --c) {
+    wire::ResponseHeader written = Response(fds[c]);
+    EXPECT_EQ(written.status, 0);
+    EXPECT_EQ(written.request_id, 1u);
+    for (uint64_t id : {2, 3}) {
+      wire::ResponseHeader read = Response(fds[c]);
+      ASSERT_EQ(read.status, 0) << c;
+      EXPECT_EQ(read.request_id, id);
+      ASSERT_EQ(read.length, kSlice);
+      std::string back(kSlice, '\0');
+      ASSERT_TRUE(RecvBytes(fds[c], back.data(), back.size()));
+      EXPECT_EQ(back, payloads[c]) << c;
+    }
+    wire::ResponseHeader piece = Response(fds[c]);
+    ASSERT_EQ(piece.length, 10u);
+    EXPECT_EQ(piece.request_id, 4u);
+    std::string part(10, '\0');
+    ASSERT_TRUE(RecvBytes(fds[c], part.data(), part.size()));
+    EXPECT_EQ(part, payloads[c].substr(5, 10));
+    close(fds[c]);
+  }
+  EXPECT_EQ(server_->stats().reads, 3u * kConnections);
+  ExpectStillServing();
+}
+
 TEST_F(DataServerTest, RangeOutsideThePoolIsRejectedAndTheConnectionClosed) {
   for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{kPoolSize - 10, 11},
                                 {kPoolSize + 1, 0},
