@@ -345,34 +345,37 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
       const client::Location& location = located[i].location;
       ops.push_back(OpFor(wire::Opcode::kRead, location.replicas[order[i][tried[i]++]],
                           targets[i]));
+      ops.back().hash = (get_options.verify_checksum || options.verify_checksums ||
+                         located[i].cached) &&
+                        location.checksum != 0;
       owners.push_back(i);
     }
     transport->Execute(absl::MakeSpan(ops), deadline);
     waiting.clear();
     absl::Time finished = absl::Now();
-    // The values to check, hashed together (on several threads for a large batch).
+    // The values to check that the transport did not hash as they arrived, hashed together
+    // (on several threads for a large batch).
     std::vector<bool> check(ops.size(), false);
     std::vector<std::vector<iovec>> to_hash;
-    std::vector<size_t> hashed_as(ops.size(), 0);
+    std::vector<size_t> hashed;  // ops whose values are in to_hash
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
       bool lease_ran_out = finished > located[i].location.lease_expiry;
-      check[k] = ops[k].status.ok() &&
-                 (get_options.verify_checksum || options.verify_checksums || lease_ran_out ||
-                  located[i].cached) &&
+      check[k] = ops[k].status.ok() && (ops[k].hash || lease_ran_out) &&
                  located[i].location.checksum != 0;
-      if (check[k]) {
-        hashed_as[k] = to_hash.size();
+      if (check[k] && !ops[k].checksum.has_value()) {
+        hashed.push_back(k);
         to_hash.push_back(targets[i]);
       }
     }
     std::vector<uint64_t> sums = to_hash.empty() ? std::vector<uint64_t>() : Checksums(to_hash);
+    for (size_t h = 0; h < hashed.size(); ++h) ops[hashed[h]].checksum = sums[h];
     for (size_t k = 0; k < ops.size(); ++k) {
       size_t i = owners[k];
       const client::Location& location = located[i].location;
       if (ops[k].status.ok()) {
         bool lease_ran_out = finished > location.lease_expiry;
-        if (check[k] && sums[hashed_as[k]] != location.checksum) {
+        if (check[k] && *ops[k].checksum != location.checksum) {
           results[i] = lease_ran_out
                            ? ErrorStatus(ErrorCode::LEASE_EXPIRED,
                                          "the read outlasted its lease and the object changed")
@@ -1061,6 +1064,7 @@ std::vector<bool> Client::Impl::CopyMigrations(absl::Span<const client::Migratio
       ops.push_back(OpFor(opcode,
                           opcode == wire::Opcode::kRead ? migration.source : migration.destination,
                           {iovec{bytes, migration.size}}));
+      ops.back().hash = opcode == wire::Opcode::kRead && migration.checksum != 0;
       owners.push_back(i);
     }
     return ops;
@@ -1072,9 +1076,11 @@ std::vector<bool> Client::Impl::CopyMigrations(absl::Span<const client::Migratio
   for (size_t r = 0; r < reads.size(); ++r) {
     const client::Migration& migration = batch[readers[r]];
     // A copy that does not match the checksum the writer gave would spread corruption.
-    intact[readers[r]] = reads[r].status.ok() &&
-                         (migration.checksum == 0 ||
-                          wire::Checksum(reads[r].iov) == migration.checksum);
+    intact[readers[r]] =
+        reads[r].status.ok() &&
+        (migration.checksum == 0 ||
+         (reads[r].checksum.has_value() ? *reads[r].checksum : wire::Checksum(reads[r].iov)) ==
+             migration.checksum);
   }
   std::vector<size_t> writers;
   std::vector<TransferOp> writes = ops_for(wire::Opcode::kWrite, intact, writers);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "proto/checksum.h"
 #include "proto/error_codes.h"
 
 namespace kvpool::client {
@@ -160,6 +161,9 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
       std::vector<iovec> target = op.iov;
       result.io_error = stream.Recv(absl::MakeSpan(target), deadline);
       if (!result.io_error.ok()) return result;
+      // Step G2's check, hashed in this lane while the bytes are in its cache (the next
+      // answer meanwhile fills the socket's buffer); the caller compares.
+      if (op.hash) op.checksum = wire::Checksum(op.iov);
     }
     op.status = absl::OkStatus();
     ++result.answered;

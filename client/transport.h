@@ -5,6 +5,8 @@
 
 #include <sys/uio.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,12 @@ struct TransferOp {
   wire::Token token{};
   // Caller buffers, `length` bytes in all.
   std::vector<iovec> iov;
+  // Reads: the caller will check the bytes against their writer's checksum. A transport that
+  // touches them as they arrive (TCP) hashes them there, while they are in this core's cache,
+  // and sets `checksum` (wire::Checksum of the bytes read); one that does not leaves it unset
+  // and the caller hashes them afterwards.
+  bool hash = false;
+  std::optional<uint64_t> checksum;
   // Set by Execute: OK, or why this op failed (with its ErrorCode).
   absl::Status status;
 };

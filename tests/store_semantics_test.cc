@@ -510,6 +510,15 @@ TEST(IntegrityTest, CorruptedByteIsChecksumMismatchNeverData) {
   absl::StatusOr<uint64_t> read =
       client->Get("precious", absl::MakeConstSpan(&into, 1), {.verify_checksum = true});
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  // Over TCP (the client above reads through shared memory), where the transport hashes the
+  // bytes as they arrive, the same.
+  ClientOptions tcp_options;
+  tcp_options.master_address = master->grpc;
+  tcp_options.transport = TransportKind::kTcp;
+  absl::StatusOr<std::unique_ptr<Client>> tcp = Client::Create(tcp_options);
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  absl::StatusOr<std::string> over_tcp = (*tcp)->Get("precious", {.verify_checksum = true});
+  EXPECT_EQ(ToErrorCode(over_tcp.status()), v1::CHECKSUM_MISMATCH) << over_tcp.status();
   // kvpoolctl always checks.
   std::unique_ptr<testing::Process> ctl = *testing::Process::Start(
       testing::CtlBinary(), {"--master=" + master->grpc, "--json", "get", "precious", "/dev/null"});

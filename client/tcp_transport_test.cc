@@ -1,0 +1,229 @@
+// The TCP transport's pipeline against a scripted segment on loopback: answers that arrive all
+// at once or a byte at a time, a rejection whose reason spills past the rejected op's buffer,
+// and answers a segment should never send (a wrong length, out of order).
+
+#include "client/tcp_transport.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "proto/checksum.h"
+#include "proto/error_codes.h"
+#include "proto/frame.h"
+
+namespace kvpool::client {
+namespace {
+
+// A value whose bytes depend on the offset asked for, so an answer says where it came from.
+std::string ValueAt(uint64_t offset, uint64_t length) {
+  std::string value(length, '\0');
+  for (uint64_t i = 0; i < length; ++i) value[i] = static_cast<char>((offset * 131 + i * 7) & 0xff);
+  return value;
+}
+
+bool ReadFully(int fd, void* data, size_t length) {
+  auto* bytes = static_cast<uint8_t*>(data);
+  while (length > 0) {
+    ssize_t n = read(fd, bytes, length);
+    if (n <= 0) return false;
+    bytes += n;
+    length -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void WriteFully(int fd, const std::string& bytes, bool dribble) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    size_t step = dribble ? 1 : bytes.size() - sent;
+    ssize_t n = send(fd, bytes.data() + sent, step, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
+}
+
+std::string Header(int32_t status, uint64_t request_id, uint64_t length) {
+  std::string header(wire::kResponseHeaderSize, '\0');
+  wire::EncodeResponse({status, request_id, length}, reinterpret_cast<uint8_t*>(header.data()));
+  return header;
+}
+
+// A loopback listener that serves each connection with `script`: given the requests it read
+// (all `expect` of them, or fewer when the client stops sending), it returns the bytes to
+// answer, then closes the connection.
+class ScriptedSegment {
+ public:
+  using Script = std::function<std::string(int connection,
+                                           const std::vector<wire::RequestHeader>& requests)>;
+
+  explicit ScriptedSegment(Script script, bool dribble = false)
+      : script_(std::move(script)), dribble_(dribble) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    socklen_t length = sizeof(address);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    listen(listen_fd_, 8);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ScriptedSegment() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    close(listen_fd_);
+    thread_.join();
+  }
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+  int connections() const { return connections_; }
+
+ private:
+  void Serve() {
+    while (true) {
+      int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::vector<wire::RequestHeader> requests;
+      // The client sends its whole window at once: read what arrives within a moment.
+      timeval wait{0, 200 * 1000};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+      uint8_t header[wire::kRequestHeaderSize];
+      while (ReadFully(fd, header, sizeof(header))) {
+        absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header);
+        if (!request.ok()) break;
+        requests.push_back(*request);
+      }
+      WriteFully(fd, script_(connections_++, requests), dribble_);
+      close(fd);
+    }
+  }
+
+  Script script_;
+  bool dribble_;
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  int connections_ = 0;
+  std::thread thread_;
+};
+
+// Every request answered OK with its range's bytes.
+std::string AnswerAll(const std::vector<wire::RequestHeader>& requests) {
+  std::string out;
+  for (const wire::RequestHeader& request : requests) {
+    out += Header(0, request.request_id, request.length);
+    out += ValueAt(request.offset, request.length);
+  }
+  return out;
+}
+
+struct Reads {
+  std::vector<std::string> buffers;
+  std::vector<TransferOp> ops;
+};
+
+// `n` READs of `length` bytes from `endpoint`, at offsets 1000 * i, hashed as they arrive.
+Reads MakeReads(const std::string& endpoint, int n, uint64_t length) {
+  Reads reads;
+  reads.buffers.assign(n, std::string(length, 'x'));
+  for (int i = 0; i < n; ++i) {
+    reads.ops.push_back(TransferOp{.opcode = wire::Opcode::kRead,
+                                   .endpoint = endpoint,
+                                   .offset = 1000u * i,
+                                   .length = length,
+                                   .iov = {{reads.buffers[i].data(), length}},
+                                   .hash = true});
+  }
+  return reads;
+}
+
+TcpTransportOptions OneLane() {
+  TcpTransportOptions options;
+  options.connections_per_endpoint = 1;
+  options.threads = 0;
+  return options;
+}
+
+TEST(TcpTransportTest, ManyAnswersInOneReadLandInTheirOwnBuffersAndAreHashed) {
+  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
+  Reads reads = MakeReads(segment.endpoint(), 40, 3000);
+  TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(reads.ops[i].status.ok()) << i << ": " << reads.ops[i].status;
+    EXPECT_EQ(reads.buffers[i], ValueAt(1000u * i, 3000)) << i;
+    std::string& value = reads.buffers[i];
+    iovec part{value.data(), value.size()};
+    ASSERT_TRUE(reads.ops[i].checksum.has_value());
+    EXPECT_EQ(*reads.ops[i].checksum, wire::Checksum({&part, 1}));
+  }
+}
+
+TEST(TcpTransportTest, AnswersThatArriveAByteAtATimeAreReassembled) {
+  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); },
+                          /*dribble=*/true);
+  Reads reads = MakeReads(segment.endpoint(), 5, 100);
+  TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(30));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(reads.ops[i].status.ok()) << i << ": " << reads.ops[i].status;
+    EXPECT_EQ(reads.buffers[i], ValueAt(1000u * i, 100)) << i;
+  }
+}
+
+TEST(TcpTransportTest, ARejectionsReasonIsWholeEvenWhereItIsLongerThanTheOpsBuffer) {
+  // The first connection answers ops 0 and 1, rejects op 2 with a reason far longer than its
+  // 8-byte buffer (so the reason's bytes first land where ops 3 and 4 would), and closes; the
+  // rest go over a second connection.
+  const std::string reason(300, 'r');
+  ScriptedSegment segment([&](int connection, const std::vector<wire::RequestHeader>& requests) {
+    if (connection > 0) return AnswerAll(requests);
+    std::vector<wire::RequestHeader> first(requests.begin(), requests.begin() + 2);
+    return AnswerAll(first) + Header(ErrorCode::LEASE_EXPIRED, requests[2].request_id, reason.size()) + reason;
+  });
+  Reads reads = MakeReads(segment.endpoint(), 6, 8);
+  TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));
+  for (int i : {0, 1, 3, 4, 5}) {
+    ASSERT_TRUE(reads.ops[i].status.ok()) << i << ": " << reads.ops[i].status;
+    EXPECT_EQ(reads.buffers[i], ValueAt(1000u * i, 8)) << i;
+  }
+  EXPECT_EQ(ToErrorCode(reads.ops[2].status), ErrorCode::LEASE_EXPIRED);
+  EXPECT_TRUE(absl::StrContains(reads.ops[2].status.message(), reason))
+      << reads.ops[2].status.message();
+  EXPECT_EQ(segment.connections(), 2);
+}
+
+TEST(TcpTransportTest, AnAnswerOfTheWrongLengthIsNeverOk) {
+  ScriptedSegment segment([](int, const std::vector<wire::RequestHeader>& requests) {
+    // Op 0 right, op 1 one byte short (and its bytes run into op 2's answer).
+    return Header(0, 0, 16) + ValueAt(0, 16) + Header(0, 1, 15) + ValueAt(1000, 15) +
+           Header(0, 2, 16) + ValueAt(2000, 16);
+  });
+  Reads reads = MakeReads(segment.endpoint(), 3, 16);
+  TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(reads.ops[0].status.ok()) << reads.ops[0].status;
+  EXPECT_FALSE(reads.ops[1].status.ok());
+  EXPECT_FALSE(reads.ops[2].status.ok());
+}
+
+TEST(TcpTransportTest, AnAnswerOutOfOrderIsNeverOk) {
+  ScriptedSegment segment([](int, const std::vector<wire::RequestHeader>& requests) {
+    return Header(0, 1, 16) + ValueAt(1000, 16) + Header(0, 0, 16) + ValueAt(0, 16);
+  });
+  Reads reads = MakeReads(segment.endpoint(), 2, 16);
+  TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));
+  EXPECT_FALSE(reads.ops[0].status.ok());
+  EXPECT_FALSE(reads.ops[1].status.ok());
+}
+
+}  // namespace
+}  // namespace kvpool::client
