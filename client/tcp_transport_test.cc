@@ -1,6 +1,6 @@
 // The TCP transport's pipeline against a scripted segment on loopback: answers that arrive all
-// at once or a byte at a time, a rejection whose reason spills past the rejected op's buffer,
-// and answers a segment should never send (a wrong length, out of order).
+// at once or a byte at a time, a rejection whose reason is longer than the rejected op's
+// buffer, and answers a segment should never send (a wrong length, out of order).
 
 #include "client/tcp_transport.h"
 
@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -60,12 +61,12 @@ std::string Header(int32_t status, uint64_t request_id, uint64_t length) {
 }
 
 // A loopback listener that serves each connection with `script`: given the requests it read
-// (all `expect` of them, or fewer when the client stops sending), it returns the bytes to
-// answer, then closes the connection.
+// (those that arrived within 200 ms of each other), it returns the bytes to answer, then
+// closes the connection.
 class ScriptedSegment {
  public:
-  using Script = std::function<std::string(int connection,
-                                           const std::vector<wire::RequestHeader>& requests)>;
+  using Script =
+      std::function<std::string(int connection, const std::vector<wire::RequestHeader>& requests)>;
 
   explicit ScriptedSegment(Script script, bool dribble = false)
       : script_(std::move(script)), dribble_(dribble) {
@@ -86,7 +87,7 @@ class ScriptedSegment {
     thread_.join();
   }
   std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
-  int connections() const { return connections_; }
+  int connections() const { return connections_.load(); }
 
  private:
   void Serve() {
@@ -114,7 +115,7 @@ class ScriptedSegment {
   bool dribble_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;
-  int connections_ = 0;
+  std::atomic<int> connections_{0};
   std::thread thread_;
 };
 
@@ -155,7 +156,7 @@ TcpTransportOptions OneLane() {
   return options;
 }
 
-TEST(TcpTransportTest, ManyAnswersInOneReadLandInTheirOwnBuffersAndAreHashed) {
+TEST(TcpTransportTest, PipelinedAnswersLandInTheirOwnBuffersAndAreHashed) {
   ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
   Reads reads = MakeReads(segment.endpoint(), 40, 3000);
   TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));
@@ -182,13 +183,13 @@ TEST(TcpTransportTest, AnswersThatArriveAByteAtATimeAreReassembled) {
 
 TEST(TcpTransportTest, ARejectionsReasonIsWholeEvenWhereItIsLongerThanTheOpsBuffer) {
   // The first connection answers ops 0 and 1, rejects op 2 with a reason far longer than its
-  // 8-byte buffer (so the reason's bytes first land where ops 3 and 4 would), and closes; the
-  // rest go over a second connection.
+  // 8-byte buffer, and closes; the rest go over a second connection.
   const std::string reason(300, 'r');
   ScriptedSegment segment([&](int connection, const std::vector<wire::RequestHeader>& requests) {
     if (connection > 0) return AnswerAll(requests);
     std::vector<wire::RequestHeader> first(requests.begin(), requests.begin() + 2);
-    return AnswerAll(first) + Header(ErrorCode::LEASE_EXPIRED, requests[2].request_id, reason.size()) + reason;
+    return AnswerAll(first) +
+           Header(ErrorCode::LEASE_EXPIRED, requests[2].request_id, reason.size()) + reason;
   });
   Reads reads = MakeReads(segment.endpoint(), 6, 8);
   TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));

@@ -91,8 +91,6 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     server_.connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  auto executor() { return socket_.get_executor(); }
-
   void Start() {
     if constexpr (kTls) {
       handshaking_ = true;
@@ -687,13 +685,13 @@ void DataServer::Impl::Accept() {
         socket.set_option(asio::socket_base::receive_buffer_size(bytes), ignored);
       }
       // Started on its own loop's thread.
+      auto start = [executor = socket.get_executor()](auto connection) {
+        asio::post(executor, [connection] { connection->Start(); });
+      };
       if (tls != nullptr) {
-        auto connection =
-            std::make_shared<Connection<true>>(std::move(socket), state, TlsContext());
-        asio::post(connection->executor(), [connection] { connection->Start(); });
+        start(std::make_shared<Connection<true>>(std::move(socket), state, TlsContext()));
       } else {
-        auto connection = std::make_shared<Connection<false>>(std::move(socket), state, nullptr);
-        asio::post(connection->executor(), [connection] { connection->Start(); });
+        start(std::make_shared<Connection<false>>(std::move(socket), state, nullptr));
       }
     }
     Accept();
