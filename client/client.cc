@@ -535,33 +535,58 @@ std::vector<absl::Status> Client::Impl::BatchPutOnce(absl::Span<const PutItem> i
   phase_done(kReserve);
   if (!reserved.ok()) return std::vector<absl::Status>(n, reserved.status());
 
-  // Step P2: write every replica straight from the caller's buffers.
+  // Step P2: write every replica straight from the caller's buffers. Each value's checksum,
+  // recorded at the commit, is taken by the transport as it sends the first replica where it
+  // can (TCP: the bytes are then in the cache when the kernel copies them), else on
+  // put_hasher while the bytes move (on this thread).
+  constexpr size_t kNoOp = SIZE_MAX;
   std::vector<TransferOp> ops;
   std::vector<size_t> owners;
-  std::vector<std::vector<iovec>> gathered(n);
+  std::vector<size_t> hashing_op(n, kNoOp);
+  std::vector<std::vector<iovec>> beside;  // values put_hasher hashes
+  std::vector<size_t> beside_items;
   for (size_t i = 0; i < n; ++i) {
     const client::Reservation& reservation = (*reserved)[i];
     results[i] = reservation.status;
     if (!results[i].ok()) continue;
-    std::vector<iovec>& iov = gathered[i];
+    std::vector<iovec> iov;
     for (const ConstBuffer& part : items[i].parts) {
       if (part.size > 0) iov.push_back(iovec{const_cast<void*>(part.data), part.size});
     }
     for (const client::Placement& placement : reservation.placements) {
       ops.push_back(OpFor(wire::Opcode::kWrite, placement, iov));
       owners.push_back(i);
+      if (hashing_op[i] == kNoOp && transport->HashesWrite(ops.back())) {
+        ops.back().hash = true;
+        hashing_op[i] = ops.size() - 1;
+      }
+    }
+    if (hashing_op[i] == kNoOp) {
+      beside.push_back(std::move(iov));
+      beside_items.push_back(i);
     }
   }
-  // The checksums are computed (on put_hasher) while the bytes move (on this thread).
-  std::vector<uint64_t> checksums;
-  put_hasher.Run({[&] {
-                    transport->Execute(absl::MakeSpan(ops), TransferDeadline());
-                    phase_done(kWrite);
-                  },
-                  [&] { checksums = Checksums(gathered); }});
+  auto write = [&] {
+    transport->Execute(absl::MakeSpan(ops), TransferDeadline());
+    phase_done(kWrite);
+  };
+  std::vector<uint64_t> sums;
+  if (beside.empty()) {
+    write();
+  } else {
+    put_hasher.Run({write, [&] { sums = Checksums(beside); }});
+  }
   phase_done(kChecksumWait);
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!ops[k].status.ok() && results[owners[k]].ok()) results[owners[k]] = ops[k].status;
+  }
+  std::vector<uint64_t> checksums(n);
+  for (size_t k = 0; k < beside_items.size(); ++k) checksums[beside_items[k]] = sums[k];
+  for (size_t i = 0; i < n; ++i) {
+    if (hashing_op[i] == kNoOp || !results[i].ok()) continue;
+    // A transport that took the op elsewhere than it said leaves it to be hashed here.
+    const TransferOp& op = ops[hashing_op[i]];
+    checksums[i] = op.checksum.has_value() ? *op.checksum : wire::Checksum(op.iov);
   }
 
   // Step P3: commit what was written; revoke what was not, so its space is freed at once

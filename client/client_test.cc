@@ -88,14 +88,29 @@ class FakeSegments {
 
 class FakeTransport final : public client::Transport {
  public:
-  explicit FakeTransport(std::shared_ptr<FakeSegments> segments)
-      : segments_(std::move(segments)) {}
+  // How it answers HashesWrite, and whether it then hashes the writes asked (as TCP does) or
+  // leaves them unhashed (as a transport that took them elsewhere would).
+  enum class WriteHashing { kNone, kHashes, kSaysSoButDoesNot };
+
+  explicit FakeTransport(std::shared_ptr<FakeSegments> segments,
+                         WriteHashing hashing = WriteHashing::kNone)
+      : segments_(std::move(segments)), hashing_(hashing) {}
   void Execute(absl::Span<client::TransferOp> ops, absl::Time) override {
+    for (client::TransferOp& op : ops) {
+      if (op.opcode != wire::Opcode::kWrite || !op.hash) continue;
+      ++hashed_writes_;
+      if (hashing_ == WriteHashing::kHashes) op.checksum = wire::Checksum(op.iov);
+    }
     segments_->Execute(ops);
   }
+  bool HashesWrite(const client::TransferOp&) override { return hashing_ != WriteHashing::kNone; }
+  // Writes that came with `hash` set.
+  int hashed_writes() const { return hashed_writes_.load(); }
 
  private:
   std::shared_ptr<FakeSegments> segments_;
+  const WriteHashing hashing_;
+  std::atomic<int> hashed_writes_{0};
 };
 
 // The master's bookkeeping, as little of it as the client's logic needs: a bump allocator
@@ -298,6 +313,10 @@ class FakeMaster final : public MasterClient {
   }
 
   // Test access.
+  uint64_t Checksum(const std::string& key) {
+    absl::MutexLock lock(&mu_);
+    return objects_[key].checksum;
+  }
   void Corrupt(const std::string& key) {
     absl::MutexLock lock(&mu_);
     objects_[key].checksum ^= 1;
@@ -362,15 +381,18 @@ class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override { Build(ClientOptions{}); }
 
-  void Build(ClientOptions options) {
+  void Build(ClientOptions options,
+             FakeTransport::WriteHashing hashing = FakeTransport::WriteHashing::kNone) {
     client_.reset();
     options.transport = TransportKind::kTcp;
     options.local_host = "client-host";
     auto master = std::make_unique<FakeMaster>(TwoRemoteSegments());
     master_ = master.get();
     segments_ = std::make_shared<FakeSegments>();
-    absl::StatusOr<std::unique_ptr<Client>> client = ClientBuilder::Build(
-        options, std::move(master), std::make_unique<FakeTransport>(segments_));
+    auto transport = std::make_unique<FakeTransport>(segments_, hashing);
+    transport_ = transport.get();
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        ClientBuilder::Build(options, std::move(master), std::move(transport));
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
   }
@@ -382,6 +404,7 @@ class ClientTest : public ::testing::Test {
   }
 
   FakeMaster* master_ = nullptr;
+  FakeTransport* transport_ = nullptr;
   std::shared_ptr<FakeSegments> segments_;
   std::unique_ptr<Client> client_;
 };
@@ -414,6 +437,30 @@ TEST_F(ClientTest, BatchPutGathersPartsAndGetScattersThemBack) {
   EXPECT_EQ(out_a, a);
   EXPECT_EQ(out_b1 + out_b2, b1 + b2);
   EXPECT_EQ(master_->lookups.load(), 1);  // one lookup for the batch
+}
+
+// Each value's checksum is taken once, by the transport where it says it hashes writes (on
+// the first replica only), else by the client; the commit carries the same checksum either way.
+TEST_F(ClientTest, ACommitCarriesTheChecksumWhoeverHashedTheValue) {
+  std::string a = "first value", b1 = "second ", b2 = "value in two parts";
+  iovec b_parts[] = {{b1.data(), b1.size()}, {b2.data(), b2.size()}};
+  const uint64_t sum_b = wire::Checksum(b_parts);
+  for (auto hashing : {FakeTransport::WriteHashing::kNone, FakeTransport::WriteHashing::kHashes,
+                       FakeTransport::WriteHashing::kSaysSoButDoesNot}) {
+    SCOPED_TRACE(static_cast<int>(hashing));
+    Build(ClientOptions{}, hashing);
+    std::vector<PutItem> items = {
+        {"a", {ConstBuffer{a.data(), a.size()}}},
+        {"b", {ConstBuffer{b1.data(), b1.size()}, ConstBuffer{b2.data(), b2.size()}}}};
+    PutOptions options;
+    options.replicas = 2;
+    std::vector<absl::Status> put = client_->BatchPut(items, options);
+    ASSERT_TRUE(put[0].ok()) << put[0];
+    ASSERT_TRUE(put[1].ok()) << put[1];
+    EXPECT_EQ(transport_->hashed_writes(), hashing == FakeTransport::WriteHashing::kNone ? 0 : 2);
+    EXPECT_EQ(master_->Checksum("b"), sum_b);
+    EXPECT_EQ(GetOrDie("b"), b1 + b2);
+  }
 }
 
 TEST_F(ClientTest, ReplicasGoToDistinctSegments) {

@@ -20,7 +20,7 @@ RoutingTransport::RoutingTransport(TransportKind kind, ShmResolver resolver,
       rdma_(std::move(rdma_device)) {}
 
 std::shared_ptr<const ShmTransport::Pool> RoutingTransport::LocalPool(const std::string& endpoint,
-                                                                       uint64_t incarnation) {
+                                                                      uint64_t incarnation) {
   if (auto pool = shm_.Find(endpoint, incarnation)) return pool;
   {
     absl::MutexLock lock(&mu_);
@@ -41,8 +41,12 @@ std::shared_ptr<const ShmTransport::Pool> RoutingTransport::LocalPool(const std:
   return nullptr;
 }
 
+bool RoutingTransport::HashesWrite(const TransferOp& op) {
+  return !UsesRdma() && PoolFor(op) == nullptr;
+}
+
 void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
-  bool rdma = (kind_ == TransportKind::kAuto || kind_ == TransportKind::kRdma) && rdma_.available();
+  const bool rdma = UsesRdma();
   std::vector<std::pair<TransferOp*, std::shared_ptr<const ShmTransport::Pool>>> shm_ops;
   std::vector<TransferOp*> rdma_ops;
   std::vector<size_t> tcp_index;
@@ -159,8 +163,7 @@ std::vector<absl::StatusOr<uint64_t>> RoutingTransport::BeginLocalWrites(
   return std::vector<absl::StatusOr<uint64_t>>(intents.size(), begun.status());
 }
 
-void RoutingTransport::EndLocalWrites(const std::string& endpoint,
-                                      absl::Span<const uint64_t> ids) {
+void RoutingTransport::EndLocalWrites(const std::string& endpoint, absl::Span<const uint64_t> ids) {
   if (ids.empty()) return;
   std::shared_ptr<const ShmTransport::Pool> pool = shm_.Find(endpoint, 0);
   if (pool == nullptr) return;  // forgotten: its connection closed, ending its intents

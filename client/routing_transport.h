@@ -35,12 +35,16 @@ class RoutingTransport final : public Transport {
   absl::Status RegisterMemory(void* addr, size_t length) { return rdma_.Register(addr, length); }
 
   void Execute(absl::Span<TransferOp> ops, absl::Time deadline) override;
+  // True for a write that Execute would send over TCP.
+  bool HashesWrite(const TransferOp& op) override;
 
   // The mapped pool of a segment on this machine (attaching on first use), or null when shared
   // memory cannot be used with it.
   std::shared_ptr<const ShmTransport::Pool> LocalPool(const std::string& endpoint,
-                                                      uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<std::pair<std::string, std::shared_ptr<const ShmTransport::Pool>>> MappedPools() const {
+                                                      uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::pair<std::string, std::shared_ptr<const ShmTransport::Pool>>> MappedPools()
+      const {
     return shm_.All();
   }
 
@@ -66,6 +70,10 @@ class RoutingTransport final : public Transport {
   std::shared_ptr<const ShmTransport::Pool> PoolFor(const TransferOp& op) ABSL_LOCKS_EXCLUDED(mu_) {
     bool allowed = kind_ == TransportKind::kAuto || kind_ == TransportKind::kSharedMemory;
     return allowed ? LocalPool(op.endpoint, op.incarnation) : nullptr;
+  }
+
+  bool UsesRdma() {
+    return (kind_ == TransportKind::kAuto || kind_ == TransportKind::kRdma) && rdma_.available();
   }
 
   // Runs shared-memory ops: reads copied at once, writes fenced by write intents. Returns

@@ -22,6 +22,9 @@ absl::Status TransferError(const std::string& endpoint, const absl::Status& caus
 
 // Buffers per gathered send of pipelined requests (SendAll splits at IOV_MAX itself).
 constexpr size_t kMaxSendParts = 1024;
+// Bytes of writes hashed in the lane per send: about what a core's L2 keeps of them until the
+// kernel copies them into the socket.
+constexpr uint64_t kHashedSendBytes = 256 << 10;
 
 void FailAll(absl::Span<TransferOp* const> ops, const absl::Status& status) {
   for (TransferOp* op : ops) op->status = status;
@@ -55,7 +58,8 @@ void TcpTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
   std::vector<std::pair<const std::string*, std::vector<TransferOp*>>> lanes;
   for (const auto& [endpoint, endpoint_ops] : by_endpoint) {
     size_t first = lanes.size();
-    size_t n = std::min<size_t>(std::max(1, options_.connections_per_endpoint), endpoint_ops.size());
+    size_t n =
+        std::min<size_t>(std::max(1, options_.connections_per_endpoint), endpoint_ops.size());
     for (size_t i = 0; i < n; ++i) lanes.push_back({&endpoint, {}});
     for (size_t i = 0; i < endpoint_ops.size(); ++i) {
       lanes[first + i % n].second.push_back(endpoint_ops[i]);
@@ -106,11 +110,15 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
   std::vector<iovec> iov;
   size_t sent = 0;
   while (result.answered < ops.size()) {
-    // Every request the window allows goes out in one gathered send.
+    // Every request the window allows goes out in gathered sends: one, or one per
+    // kHashedSendBytes of writes hashed here, so that the kernel copies bytes the hash has just
+    // brought into this core's cache.
     iov.clear();
+    uint64_t hashed_bytes = 0;
     while (sent < ops.size() && sent - result.answered < window) {
       TransferOp& op = *ops[sent];
-      size_t parts = 1 + (op.opcode == wire::Opcode::kWrite ? op.iov.size() : 0);
+      const bool write = op.opcode == wire::Opcode::kWrite;
+      size_t parts = 1 + (write ? op.iov.size() : 0);
       if (!iov.empty() && iov.size() + parts > kMaxSendParts) break;
       uint8_t* header = &headers[(sent % window) * wire::kRequestHeaderSize];
       wire::EncodeRequest({.opcode = op.opcode,
@@ -120,8 +128,20 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
                            .token = op.token},
                           header);
       iov.push_back(iovec{header, wire::kRequestHeaderSize});
-      if (op.opcode == wire::Opcode::kWrite) iov.insert(iov.end(), op.iov.begin(), op.iov.end());
+      if (write) {
+        iov.insert(iov.end(), op.iov.begin(), op.iov.end());
+        if (op.hash) {
+          op.checksum = wire::Checksum(op.iov);
+          hashed_bytes += op.length;
+        }
+      }
       ++sent;
+      if (hashed_bytes >= kHashedSendBytes) {
+        result.io_error = stream.Send(absl::MakeSpan(iov), deadline);
+        if (!result.io_error.ok()) return result;
+        iov.clear();
+        hashed_bytes = 0;
+      }
     }
     if (!iov.empty()) {
       result.io_error = stream.Send(absl::MakeSpan(iov), deadline);

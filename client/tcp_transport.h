@@ -40,6 +40,8 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override;
 
   void Execute(absl::Span<TransferOp> ops, absl::Time deadline) override;
+  // Every write with `hash` set is hashed in its lane just before it is sent.
+  bool HashesWrite(const TransferOp& op) override { return true; }
 
  private:
   struct PipelineResult {
@@ -56,12 +58,10 @@ class TcpTransport final : public Transport {
   };
 
   // Runs `ops` (all for `endpoint`), one connection at a time, in order.
-  void RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops,
-               absl::Time deadline);
+  void RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops, absl::Time deadline);
   // Sends ops in order, up to the window ahead of the answers, and reads the answers.
   PipelineResult Pipeline(DataStream& stream, const std::string& endpoint,
-                          absl::Span<TransferOp* const> ops,
-                          absl::Time deadline);
+                          absl::Span<TransferOp* const> ops, absl::Time deadline);
 
   absl::StatusOr<Lease> Acquire(const std::string& endpoint, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,6 +1,7 @@
 // The TCP transport's pipeline against a scripted segment on loopback: answers that arrive all
 // at once or a byte at a time, a rejection whose reason is longer than the rejected op's
-// buffer, and answers a segment should never send (a wrong length, out of order).
+// buffer, answers a segment should never send (a wrong length, out of order), and writes
+// hashed in the lane as they are sent.
 
 #include "client/tcp_transport.h"
 
@@ -18,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/checksum.h"
 #include "proto/error_codes.h"
@@ -88,6 +90,11 @@ class ScriptedSegment {
   }
   std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
   int connections() const { return connections_.load(); }
+  // The payloads of the writes it read, in the order they arrived.
+  std::vector<std::string> written() const {
+    absl::MutexLock lock(&mu_);
+    return written_;
+  }
 
  private:
   void Serve() {
@@ -105,6 +112,11 @@ class ScriptedSegment {
         absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header);
         if (!request.ok()) break;
         requests.push_back(*request);
+        if (request->opcode != wire::Opcode::kWrite) continue;
+        std::string payload(request->length, '\0');
+        if (!ReadFully(fd, payload.data(), payload.size())) break;
+        absl::MutexLock lock(&mu_);
+        written_.push_back(std::move(payload));
       }
       WriteFully(fd, script_(connections_++, requests), dribble_);
       close(fd);
@@ -116,13 +128,19 @@ class ScriptedSegment {
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<int> connections_{0};
+  mutable absl::Mutex mu_;
+  std::vector<std::string> written_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
-// Every request answered OK with its range's bytes.
+// Every request answered OK: a read with its range's bytes, a write with none.
 std::string AnswerAll(const std::vector<wire::RequestHeader>& requests) {
   std::string out;
   for (const wire::RequestHeader& request : requests) {
+    if (request.opcode == wire::Opcode::kWrite) {
+      out += Header(0, request.request_id, 0);
+      continue;
+    }
     out += Header(0, request.request_id, request.length);
     out += ValueAt(request.offset, request.length);
   }
@@ -167,6 +185,41 @@ TEST(TcpTransportTest, PipelinedAnswersLandInTheirOwnBuffersAndAreHashed) {
     iovec part{value.data(), value.size()};
     ASSERT_TRUE(reads.ops[i].checksum.has_value());
     EXPECT_EQ(*reads.ops[i].checksum, wire::Checksum({&part, 1}));
+  }
+}
+
+TEST(TcpTransportTest, WritesAskedToBeHashedAreHashedAsTheyAreSent) {
+  // Values larger than one hashed send, and small ones between them; every other one hashed.
+  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
+  const std::vector<uint64_t> lengths = {300 << 10, 5, 700 << 10, 4096, 256 << 10, 1};
+  std::vector<std::string> values;
+  for (size_t i = 0; i < lengths.size(); ++i) values.push_back(ValueAt(7 + i, lengths[i]));
+  std::vector<TransferOp> ops;
+  for (size_t i = 0; i < values.size(); ++i) {
+    // The second half of each value in a part of its own.
+    std::string& value = values[i];
+    const size_t half = value.size() / 2;
+    ops.push_back(
+        TransferOp{.opcode = wire::Opcode::kWrite,
+                   .endpoint = segment.endpoint(),
+                   .offset = 1000u * i,
+                   .length = value.size(),
+                   .iov = {{value.data(), half}, {value.data() + half, value.size() - half}},
+                   .hash = i % 2 == 0});
+  }
+  TcpTransport transport(OneLane());
+  EXPECT_TRUE(transport.HashesWrite(ops[0]));
+  transport.Execute(absl::MakeSpan(ops), absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(segment.written(), values);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ASSERT_TRUE(ops[i].status.ok()) << i << ": " << ops[i].status;
+    if (i % 2 != 0) {
+      EXPECT_FALSE(ops[i].checksum.has_value()) << i;
+      continue;
+    }
+    iovec whole{values[i].data(), values[i].size()};
+    ASSERT_TRUE(ops[i].checksum.has_value()) << i;
+    EXPECT_EQ(*ops[i].checksum, wire::Checksum({&whole, 1})) << i;
   }
 }
 

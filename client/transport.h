@@ -28,10 +28,11 @@ struct TransferOp {
   wire::Token token{};
   // Caller buffers, `length` bytes in all.
   std::vector<iovec> iov;
-  // Reads: the caller will check the bytes against their writer's checksum. A transport that
-  // touches them as they arrive (TCP) hashes them there, while they are in this core's cache,
-  // and sets `checksum` (wire::Checksum of the bytes read); one that does not leaves it unset
-  // and the caller hashes them afterwards.
+  // The caller needs wire::Checksum of the op's bytes: for a read, to check them against their
+  // writer's checksum; for a write, to record it at the commit. A transport that touches the
+  // bytes anyway (TCP: a read as it arrives, a write just before it is sent) hashes them there,
+  // while they are in this core's cache, and sets `checksum`; one that does not leaves it
+  // unset and the caller hashes them itself.
   bool hash = false;
   std::optional<uint64_t> checksum;
   // Set by Execute: OK, or why this op failed (with its ErrorCode).
@@ -44,6 +45,9 @@ class Transport {
   // Runs every op, in parallel where it can, and sets each op's status. Returns when all
   // have finished or the deadline passed (those ops fail with DeadlineExceeded).
   virtual void Execute(absl::Span<TransferOp> ops, absl::Time deadline) = 0;
+  // Whether Execute would hash this write as it sends it (`hash` set), so that the caller need
+  // not hash it beside. A hint: the caller still hashes any op left without `checksum`.
+  virtual bool HashesWrite(const TransferOp& op) { return false; }
 };
 
 }  // namespace kvpool::client
