@@ -4,11 +4,13 @@
 # Logs and tables go to $OUT (or ./gpu-out).
 #
 #   bash kernels/run_on_gpu.sh [check] [bench] [bench-copy] [bench-attn] [sdpa] [bench-mla]
-#                              [bench-gqa] [ncu]
+#                              [bench-gqa] [ncu] [ncu-split] [ncu-source]
 #   (default: check bench sdpa; bench-copy: the block copies only; bench-attn: the read ceiling
 #   and the attention matrix only;
 #   bench-mla / bench-gqa: the read ceiling and the MLA / GQA rows)
-# ncu profiles a few rows of the benchmark (hardware counters; clocks left alone).
+# ncu profiles a few rows of the benchmark (hardware counters; clocks left alone); ncu-split
+# gives the time of each kernel of a split row's launch (attention, then merge) on the rows
+# that fall furthest below the ceiling, whose times the bench only reports together.
 # KVPOOL_CHECKS=copy (or gqa, mla, a comma list) runs only those families of checks.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -71,6 +73,18 @@ if [[ " $steps " == *" ncu "* ]]; then
       "$build/kvpool-kernels-bench" --only "$row" --reps 2 >"$out/ncu_${row//:/_}.txt" 2>&1
     grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Issue Slots|No Eligible|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Stall|L2 Hit|Mem Pipes|Executed Ipc A" \
       "$out/ncu_${row//:/_}.txt" | head -30
+  done
+fi
+if [[ " $steps " == *" ncu-split "* ]]; then
+  for row in ${NCU_SPLIT_ROWS:-gqa:8:1:1:131072 mla:16:bf16:1:65536 gqa:8:1:128:8192 gqa:32:8:8:32768}; do
+    echo "=== ncu-split $row (kernel, grid x block, duration)"
+    timeout 240 ncu --clock-control none --launch-skip 6 --launch-count 6 \
+      -k regex:'DecodeKernel|Merge' --section SpeedOfLight --section LaunchStats \
+      "$build/kvpool-kernels-bench" --only "$row" --reps 3 >"$out/ncu_split_${row//:/_}.txt" 2>&1
+    awk '/^  [A-Za-z_].*\(/ { name = $0; gsub(/void |kvpool::kernels::|\(anonymous namespace\)::/, "", name)
+                               sub(/, Context.*/, "", name); name = substr(name, 3) }
+         /^ +Duration/ { print substr(name, 1, 60), "...", substr(name, length(name) - 30), "|", $(NF-1), $NF }' \
+      "$out/ncu_split_${row//:/_}.txt"
   done
 fi
 if [[ " $steps " == *" ncu-source "* ]]; then
