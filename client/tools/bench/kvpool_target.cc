@@ -22,7 +22,7 @@ constexpr uint64_t kMetaValueSize = 64;
 constexpr int kAdminBatch = 256;
 
 std::string WorkingSetPrefix(const Workload& workload) {
-  if (workload.kind == WorkloadKind::kMetaExist) {
+  if (workload.kind == WorkloadKind::kMetaExist || workload.kind == WorkloadKind::kMetaLocal) {
     return absl::StrCat("kvb/", workload.run_id, "/meta/");
   }
   return absl::StrCat("kvb/", workload.run_id, "/v", workload.value_size, "/");
@@ -214,6 +214,40 @@ class ExistWorker : public Worker {
   std::vector<std::string> batch_;
 };
 
+// meta-local: BatchGetLocal of keys of the working set (where their bytes lie in this
+// machine's pools, leased: what an engine's mover asks before it copies blocks).
+class LocalWorker : public Worker {
+ public:
+  LocalWorker(std::shared_ptr<Client> client, const Workload& workload, std::string prefix,
+              uint64_t seed)
+      : client_(std::move(client)),
+        keys_(workload.keys),
+        prefix_(std::move(prefix)),
+        random_(seed),
+        batch_(workload.batch_size) {}
+
+  OpResult RunOnce() override {
+    for (std::string& key : batch_) key = absl::StrCat(prefix_, random_.Below(keys_));
+    OpResult result;
+    absl::Time expiry;
+    for (const absl::StatusOr<LocalValue>& one : client_->BatchGetLocal(batch_, &expiry)) {
+      absl::Status status = one.status();
+      if (status.ok() && one->size != kMetaValueSize) {
+        status = absl::DataLossError("a stored key's local value has the wrong size");
+      }
+      Tally(status, 0, result);
+    }
+    return result;
+  }
+
+ private:
+  const std::shared_ptr<Client> client_;
+  const uint64_t keys_;
+  const std::string prefix_;
+  Random random_;
+  std::vector<std::string> batch_;
+};
+
 ClientOptions MakeClientOptions(const KvpoolTargetOptions& options) {
   ClientOptions client = options.credentials;
   client.master_address = options.master;
@@ -240,7 +274,8 @@ KvpoolTarget::KvpoolTarget(KvpoolTargetOptions options, std::shared_ptr<Client> 
 KvpoolTarget::~KvpoolTarget() = default;
 
 std::string KvpoolTarget::Describe(const Workload& workload) const {
-  if (workload.kind == WorkloadKind::kMetaPut || workload.kind == WorkloadKind::kMetaExist) {
+  if (workload.kind == WorkloadKind::kMetaPut || workload.kind == WorkloadKind::kMetaExist ||
+      workload.kind == WorkloadKind::kMetaLocal) {
     return absl::StrCat(
         "master gRPC, ", workload.threads,
         options_.shared_client ? " thread(s), one channel" : " thread(s), a channel each");
@@ -299,6 +334,7 @@ absl::Status KvpoolTarget::Prepare(const Workload& workload) {
     case WorkloadKind::kMixed:
       return StoreSet(WorkingSetPrefix(workload), workload.keys, workload.value_size);
     case WorkloadKind::kMetaExist:
+    case WorkloadKind::kMetaLocal:
       return StoreSet(WorkingSetPrefix(workload), workload.keys, kMetaValueSize);
     case WorkloadKind::kPut:
     case WorkloadKind::kMetaPut:
@@ -333,6 +369,13 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
         if (!client.ok()) return client.status();
         workers.push_back(
             std::make_unique<ExistWorker>(*client, workload, WorkingSetPrefix(workload), seed));
+        break;
+      }
+      case WorkloadKind::kMetaLocal: {
+        absl::StatusOr<std::shared_ptr<Client>> client = ClientForThread();
+        if (!client.ok()) return client.status();
+        workers.push_back(
+            std::make_unique<LocalWorker>(*client, workload, WorkingSetPrefix(workload), seed));
         break;
       }
       case WorkloadKind::kMetaPut: {

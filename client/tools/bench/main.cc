@@ -44,7 +44,7 @@
 // What to measure.
 ABSL_FLAG(std::string, workloads, "get,put",
           "Comma-separated: get, put, mixed, meta (= meta-put and meta-exist), meta-put, "
-          "meta-exist");
+          "meta-exist, meta-local (BatchGetLocal: needs the pool on this machine)");
 ABSL_FLAG(kvpool::ByteSize, value_size, kvpool::ByteSize{512 << 10}, "Bytes per value");
 ABSL_FLAG(int, batch_size, 32, "Values (or keys, for meta) per call");
 ABSL_FLAG(uint64_t, keys, 0,
@@ -161,6 +161,8 @@ absl::StatusOr<std::vector<WorkloadKind>> ParseWorkloads(const std::string& text
       kinds.push_back(WorkloadKind::kMetaPut);
     } else if (word == "meta-exist") {
       kinds.push_back(WorkloadKind::kMetaExist);
+    } else if (word == "meta-local") {
+      kinds.push_back(WorkloadKind::kMetaLocal);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown workload '", word, "'"));
     }
@@ -427,7 +429,8 @@ int Main(int argc, char** argv) {
   uint64_t process_peak = 0;
   for (WorkloadKind kind : *kinds) {
     if (Interrupted()) break;
-    bool meta = kind == WorkloadKind::kMetaPut || kind == WorkloadKind::kMetaExist;
+    bool meta = kind == WorkloadKind::kMetaPut || kind == WorkloadKind::kMetaExist ||
+                kind == WorkloadKind::kMetaLocal;
     Workload workload{.kind = kind,
                       .value_size = value_size,
                       .batch_size = batch_size,

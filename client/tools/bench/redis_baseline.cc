@@ -390,7 +390,9 @@ std::string RedisBaseline::Describe(const Workload& workload) const {
   return absl::StrCat(server, ", ", Connections(workload), " conn, pipelined");
 }
 
-bool RedisBaseline::Supports(WorkloadKind kind) const { return kind != WorkloadKind::kMetaPut; }
+bool RedisBaseline::Supports(WorkloadKind kind) const {
+  return kind != WorkloadKind::kMetaPut && kind != WorkloadKind::kMetaLocal;
+}
 
 absl::Status RedisBaseline::Prepare(const Workload& workload) {
   if (workload.kind == WorkloadKind::kPut) return absl::OkStatus();

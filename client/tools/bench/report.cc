@@ -51,9 +51,11 @@ std::string DescribeWorkload(const Workload& w) {
                         FormatSize(w.value_size), " each) then BatchPutRevoke, ", w.threads,
                         " thread(s)");
   }
-  if (w.kind == WorkloadKind::kMetaExist) {
-    return absl::StrCat(kind, ": BatchExist of ", w.batch_size, " keys, ", w.threads,
-                        " thread(s), ", w.keys, " keys stored");
+  if (w.kind == WorkloadKind::kMetaExist || w.kind == WorkloadKind::kMetaLocal) {
+    return absl::StrCat(kind, ": ",
+                        w.kind == WorkloadKind::kMetaExist ? "BatchExist" : "BatchGetLocal",
+                        " of ", w.batch_size, " keys, ", w.threads, " thread(s), ", w.keys,
+                        " keys stored");
   }
   std::string mix = w.kind == WorkloadKind::kMixed
                         ? absl::StrFormat(" (%.0f%% gets)", w.read_fraction * 100)

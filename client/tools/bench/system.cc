@@ -14,6 +14,8 @@ std::string WorkloadName(WorkloadKind kind) {
       return "meta-put";
     case WorkloadKind::kMetaExist:
       return "meta-exist";
+    case WorkloadKind::kMetaLocal:
+      return "meta-local";
   }
   return "?";
 }

@@ -20,6 +20,7 @@ enum class WorkloadKind {
   kMixed,      // each call a get (with probability read_fraction) or a put
   kMetaPut,    // master only: reserve `batch_size` keys (BatchPutStart), then revoke them
   kMetaExist,  // master only: BatchExist of `batch_size` stored keys
+  kMetaLocal,  // master only: BatchGetLocal of `batch_size` stored keys (a mover's lookup)
 };
 
 std::string WorkloadName(WorkloadKind kind);
