@@ -144,7 +144,8 @@ bool RdmaTransport::RunOnConnection(Connection& connection, absl::Span<TransferO
       sges.push_back({reinterpret_cast<uint64_t>(part.iov_base),
                       static_cast<uint32_t>(part.iov_len), *lkey});
     }
-    // One request per max_sge buffers, each to the next stretch of the remote range.
+    // Step P2/G2 over RDMA: one request per max_sge buffers, each to the next stretch of the
+    // remote range.
     for (size_t first = 0; status.ok() && first < sges.size();
          first += static_cast<size_t>(pair.max_sge())) {
       size_t n = std::min(sges.size() - first, static_cast<size_t>(pair.max_sge()));

@@ -128,7 +128,7 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
                            .token = op.token},
                           header);
       iov.push_back(iovec{header, wire::kRequestHeaderSize});
-      if (write) {
+      if (write) {  // Step P2 over TCP: the header, then the payload from the caller's buffers
         iov.insert(iov.end(), op.iov.begin(), op.iov.end());
         if (op.hash) {
           op.checksum = wire::Checksum(op.iov);

@@ -105,8 +105,9 @@ struct ClientOptions {
   // off trades that guarantee for the hashing cost (docs/benchmarks.md), and reads that
   // outlast their lease or use a cached location are still checked.
   bool verify_checksums = true;
-  // Reuse the master's answer for a key (where its replicas are) while the lease that answer
-  // granted has more than 2 s to run, instead of asking again: a repeated get then costs one
+  // Reuse the master's answer for a key (where its replicas are) until half the lease that
+  // answer granted has run, and while more than 2 s of it is left, instead of asking again
+  // (then the answer is renewed before it is used): a repeated get then costs one
   // data-plane round trip. The lease keeps the object from being evicted or removed
   // meanwhile; only a forced remove by another client could pull it away.
   bool cache_locations = true;
