@@ -192,8 +192,13 @@ absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key, absl::Time 
     return absl::NotFoundError("object not found");
   }
   Object& object = it->second;
-  ObjectView view = View(object);
-  view.replicas.clear();
+  // What the caller reads, copied once: the live replicas, not the key it asked with (a
+  // 2048-key lookup copied each key and each replica list twice, under the shard's lock).
+  ObjectView view{.size = object.size,
+                  .put_id = object.put_id,
+                  .checksum = object.checksum,
+                  .pin = object.pin};
+  view.replicas.reserve(object.replicas.size());
   for (const Replica& replica : object.replicas) {
     if (Live(replica)) view.replicas.push_back(replica);
   }

@@ -204,9 +204,9 @@ class IndexShard {
   absl::Status Revoke(absl::string_view key, uint64_t put_id, absl::string_view caller = "")
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A committed object with its live replicas; grants (extends) a lease until now + `lease`
-  // and counts as an access. NotFound if absent, not yet committed, or every replica lives
-  // on a segment that went away.
+  // A committed object with its live replicas (the view's key left empty: the caller has it);
+  // grants (extends) a lease until now + `lease` and counts as an access. NotFound if absent,
+  // not yet committed, or every replica lives on a segment that went away.
   absl::StatusOr<ObjectView> Lookup(absl::string_view key, absl::Time now, absl::Duration lease)
       ABSL_LOCKS_EXCLUDED(mu_);
 
