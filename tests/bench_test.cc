@@ -86,8 +86,8 @@ TEST(BenchTest, EveryWorkloadBesideItsBaselines) {
   std::string baselines = HaveRedis() ? "tcp,memcpy,redis" : "tcp,memcpy";
   if (!HaveRedis()) std::fprintf(stderr, "redis-server not installed: Redis baseline not tested\n");
   std::vector<std::string> args = QuickFlags();
-  args.insert(args.end(), {"--workloads=get,put,mixed,meta", "--value-size=64KiB", "--batch-size=4",
-                           "--keys=64", "--baselines=" + baselines});
+  args.insert(args.end(), {"--workloads=get,put,mixed,meta,meta-local", "--value-size=64KiB",
+                           "--batch-size=4", "--keys=64", "--baselines=" + baselines});
   BenchRun run = RunBench(args);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   json report = json::parse(run.out);
@@ -104,7 +104,7 @@ TEST(BenchTest, EveryWorkloadBesideItsBaselines) {
       ExpectSane(*result, true);
     }
   }
-  for (const std::string workload : {"meta-put", "meta-exist"}) {
+  for (const std::string workload : {"meta-put", "meta-exist", "meta-local"}) {
     SCOPED_TRACE(workload);
     const json* result = FindResult(report, workload, "kvpool");
     ASSERT_NE(result, nullptr);
