@@ -184,12 +184,15 @@ class ReserveWorker : public Worker {
   uint64_t next_ = 0;
 };
 
-// meta-exist: BatchExist of keys of the working set.
-class ExistWorker : public Worker {
+// meta-exist and meta-local: a lookup of keys of the working set, BatchExist, or
+// BatchGetLocal (where their bytes lie in this machine's pools, leased: what an engine's mover
+// asks before it copies blocks).
+class LookupWorker : public Worker {
  public:
-  ExistWorker(std::shared_ptr<Client> client, const Workload& workload, std::string prefix,
-              uint64_t seed)
+  LookupWorker(std::shared_ptr<Client> client, const Workload& workload, std::string prefix,
+               uint64_t seed)
       : client_(std::move(client)),
+        local_(workload.kind == WorkloadKind::kMetaLocal),
         keys_(workload.keys),
         prefix_(std::move(prefix)),
         random_(seed),
@@ -198,6 +201,17 @@ class ExistWorker : public Worker {
   OpResult RunOnce() override {
     for (std::string& key : batch_) key = absl::StrCat(prefix_, random_.Below(keys_));
     OpResult result;
+    if (local_) {
+      absl::Time expiry;
+      for (const absl::StatusOr<LocalValue>& one : client_->BatchGetLocal(batch_, &expiry)) {
+        absl::Status status = one.status();
+        if (status.ok() && one->size != kMetaValueSize) {
+          status = absl::DataLossError("a stored key's local value has the wrong size");
+        }
+        Tally(status, 0, result);
+      }
+      return result;
+    }
     for (const absl::StatusOr<bool>& one : client_->BatchExist(batch_)) {
       absl::Status status = one.status();
       if (status.ok() && !*one) status = absl::NotFoundError("a stored key does not exist");
@@ -208,40 +222,7 @@ class ExistWorker : public Worker {
 
  private:
   const std::shared_ptr<Client> client_;
-  const uint64_t keys_;
-  const std::string prefix_;
-  Random random_;
-  std::vector<std::string> batch_;
-};
-
-// meta-local: BatchGetLocal of keys of the working set (where their bytes lie in this
-// machine's pools, leased: what an engine's mover asks before it copies blocks).
-class LocalWorker : public Worker {
- public:
-  LocalWorker(std::shared_ptr<Client> client, const Workload& workload, std::string prefix,
-              uint64_t seed)
-      : client_(std::move(client)),
-        keys_(workload.keys),
-        prefix_(std::move(prefix)),
-        random_(seed),
-        batch_(workload.batch_size) {}
-
-  OpResult RunOnce() override {
-    for (std::string& key : batch_) key = absl::StrCat(prefix_, random_.Below(keys_));
-    OpResult result;
-    absl::Time expiry;
-    for (const absl::StatusOr<LocalValue>& one : client_->BatchGetLocal(batch_, &expiry)) {
-      absl::Status status = one.status();
-      if (status.ok() && one->size != kMetaValueSize) {
-        status = absl::DataLossError("a stored key's local value has the wrong size");
-      }
-      Tally(status, 0, result);
-    }
-    return result;
-  }
-
- private:
-  const std::shared_ptr<Client> client_;
+  const bool local_;
   const uint64_t keys_;
   const std::string prefix_;
   Random random_;
@@ -274,8 +255,7 @@ KvpoolTarget::KvpoolTarget(KvpoolTargetOptions options, std::shared_ptr<Client> 
 KvpoolTarget::~KvpoolTarget() = default;
 
 std::string KvpoolTarget::Describe(const Workload& workload) const {
-  if (workload.kind == WorkloadKind::kMetaPut || workload.kind == WorkloadKind::kMetaExist ||
-      workload.kind == WorkloadKind::kMetaLocal) {
+  if (IsMetaWorkload(workload.kind)) {
     return absl::StrCat(
         "master gRPC, ", workload.threads,
         options_.shared_client ? " thread(s), one channel" : " thread(s), a channel each");
@@ -364,18 +344,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
             *next_put_[t], options_.verify_checksums, seed));
         break;
       }
-      case WorkloadKind::kMetaExist: {
-        absl::StatusOr<std::shared_ptr<Client>> client = ClientForThread();
-        if (!client.ok()) return client.status();
-        workers.push_back(
-            std::make_unique<ExistWorker>(*client, workload, WorkingSetPrefix(workload), seed));
-        break;
-      }
+      case WorkloadKind::kMetaExist:
       case WorkloadKind::kMetaLocal: {
         absl::StatusOr<std::shared_ptr<Client>> client = ClientForThread();
         if (!client.ok()) return client.status();
         workers.push_back(
-            std::make_unique<LocalWorker>(*client, workload, WorkingSetPrefix(workload), seed));
+            std::make_unique<LookupWorker>(*client, workload, WorkingSetPrefix(workload), seed));
         break;
       }
       case WorkloadKind::kMetaPut: {

@@ -429,8 +429,7 @@ int Main(int argc, char** argv) {
   uint64_t process_peak = 0;
   for (WorkloadKind kind : *kinds) {
     if (Interrupted()) break;
-    bool meta = kind == WorkloadKind::kMetaPut || kind == WorkloadKind::kMetaExist ||
-                kind == WorkloadKind::kMetaLocal;
+    bool meta = IsMetaWorkload(kind);
     Workload workload{.kind = kind,
                       .value_size = value_size,
                       .batch_size = batch_size,

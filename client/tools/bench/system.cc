@@ -20,4 +20,9 @@ std::string WorkloadName(WorkloadKind kind) {
   return "?";
 }
 
+bool IsMetaWorkload(WorkloadKind kind) {
+  return kind == WorkloadKind::kMetaPut || kind == WorkloadKind::kMetaExist ||
+         kind == WorkloadKind::kMetaLocal;
+}
+
 }  // namespace kvpool::bench

@@ -24,6 +24,8 @@ enum class WorkloadKind {
 };
 
 std::string WorkloadName(WorkloadKind kind);
+// The meta-* workloads: calls to the master only, no values move.
+bool IsMetaWorkload(WorkloadKind kind);
 
 struct Workload {
   WorkloadKind kind = WorkloadKind::kGet;
