@@ -719,8 +719,9 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const DType e4 = DType::kFP8E4M3;
-  MlaDecodeOptions by16, rows_copy, plain;
+  MlaDecodeOptions by16, by64, rows_copy, plain;
   by16.heads_per_block = 16;
+  by64.heads_per_block = 64;
   rows_copy.row_copies = true;
   plain.plain_merge = true;
   MlaDecodeOptions chunk256, chunk512;  // more items than blocks: taken from the counter
@@ -738,9 +739,17 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"matrix", 128, 1, 32768, 32768},
       {"full context", 16, 128, 8192, 8192},
       {"full context", 32, 128, 8192, 8192},
+      {"full context", 64, 64, 8192, 8192},
+      {"full context", 128, 64, 4096, 4096},
       {"full context", 16, 128, 8192, 8192, e4},
       {"full context", 32, 128, 8192, 8192, e4},
       {"variant", 32, 128, 8192, 8192, DType::kBF16, by16, "16 heads per block"},
+      {"variant", 128, 16, 8192, 8192, DType::kBF16, by64, "64 heads per block (wgmma)"},
+      {"variant", 64, 16, 8192, 8192, DType::kBF16, by64, "64 heads per block (wgmma)"},
+      {"variant", 128, 1, 32768, 32768, DType::kBF16, by64, "64 heads per block (wgmma)"},
+      {"variant", 64, 64, 8192, 8192, DType::kBF16, by64, "64 heads per block (wgmma)"},
+      {"variant", 128, 64, 4096, 4096, DType::kBF16, by64, "64 heads per block (wgmma)"},
+
       {"variant", 32, 128, 8192, 8192, DType::kBF16, rows_copy, "one bulk copy per row"},
       {"variant", 16, 1, 65536, 65536, DType::kBF16, plain, "merge launched plainly"},
       {"variant", 128, 16, 8192, 8192, DType::kBF16, plain, "merge launched plainly"},
@@ -840,7 +849,9 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
     std::printf("| %s%s%s | %d | %s | %s | %.1f | %.2f | %.2fx | %.0f | %.1f | %s |\n", row.group,
                 *row.note ? ", " : "", row.note, row.heads, KvName(row.kv_type), lens_note.c_str(),
                 ms * 1e3, tbs, tbs / ceil.read_tbs, tflops, blind_ms * 1e3,
-                DescribePlan(plan.split).c_str());
+                (std::to_string(plan.heads_per_block) + " heads/block, " +
+                 DescribePlan(plan.split))
+                    .c_str());
     std::fflush(stdout);
     if (csv != nullptr && row.kv_type == DType::kBF16 && *row.note == 0) {
       std::fprintf(csv, "mla,%s,%d,1,576,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", row.group, row.heads, bs,

@@ -1,8 +1,9 @@
-# Finds nvcc and enables CUDA for the kernels (CUDA 13, sm_90 for the H200 unless
-# CMAKE_CUDA_ARCHITECTURES says otherwise). Sets KVPOOL_HAVE_CUDA. Included by the root
+# Finds nvcc and enables CUDA for the kernels (CUDA 13, sm_90a for the H100/H200 unless
+# CMAKE_CUDA_ARCHITECTURES says otherwise; without 90a the MLA kernel's wgmma path is left out). Sets KVPOOL_HAVE_CUDA and KVPOOL_HAVE_WGMMA. Included by the root
 # CMakeLists.txt and by kernels/CMakeLists.txt when that is the top-level project.
 option(KVPOOL_WITH_CUDA "Build the CUDA kernels when nvcc is found" ON)
 set(KVPOOL_HAVE_CUDA OFF)
+set(KVPOOL_HAVE_WGMMA OFF)
 if(KVPOOL_WITH_CUDA)
   include(CheckLanguage)
   if(NOT DEFINED ENV{CUDACXX} AND NOT DEFINED CMAKE_CUDA_COMPILER
@@ -12,7 +13,10 @@ if(KVPOOL_WITH_CUDA)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)
+      set(CMAKE_CUDA_ARCHITECTURES 90a)
+    endif()
+    if("90a" IN_LIST CMAKE_CUDA_ARCHITECTURES OR "90a-real" IN_LIST CMAKE_CUDA_ARCHITECTURES)
+      set(KVPOOL_HAVE_WGMMA ON)
     endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 for nvcc; the .cu files need 17

@@ -45,16 +45,11 @@
 namespace kvpool::kernels {
 namespace {
 
-using detail::Bf16Tag;
-using detail::Fp16Tag;
-using detail::Fp8Tag;
-using detail::KvTraits;
-
 constexpr unsigned kFull = 0xffffffffu;
 
 struct MlaParams {
   CUtensorMap kv_map;  // the cache as [num_blocks][block_size][576] for tensor copies
-  int box_rows;        // rows per tensor copy: 32, or 16 for 16-token blocks
+  int box_rows;        // rows per tensor copy: 64 (wgmma kernel only), 32, or 16
   const void* q;
   const uint8_t* kv;
   int64_t block_stride;  // bytes
@@ -72,8 +67,21 @@ struct MlaParams {
   float v_scale;
 };
 
+}  // namespace
+}  // namespace kvpool::kernels
+
+#include "kernels/mla_decode_wgmma.cuh"  // 64 heads per block on wgmma (MlaWgmmaKernel)
+
+namespace kvpool::kernels {
+namespace {
+
+using detail::Bf16Tag;
+using detail::Fp16Tag;
+using detail::Fp8Tag;
+using detail::KvTraits;
+
 // ---------------------------------------------------------------------------------------------
-// The kernel (see the design note at the top of this file).
+// The mma.sync kernel, 16 or 32 heads per block (see the design note at the top of this file).
 
 constexpr int kStageTokens = 32;   // tokens per ring stage (one bulk copy per row)
 constexpr int kTileTokens = 64;    // tokens per softmax tile: two consecutive stages
@@ -673,6 +681,27 @@ struct MlaLauncher {
   }
 };
 
+// 64 heads per block on wgmma (mla_decode_wgmma.cuh), bf16 or fp16 with tensor copies.
+template <bool kBf16>
+struct MlaWgLauncher {
+  using C = MlaWgConfig;
+
+  static int ResidentCtas() {
+    static const int ctas = ResidentCtasOf(MlaWgmmaKernel<kBf16>, C::kThreads, C::kSmemBytes);
+    return ctas;
+  }
+
+  static cudaError_t Run(const MlaDecodePlan& plan, MlaParams p, cudaStream_t stream) {
+    p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
+    p.total_items = static_cast<int>(plan.split.items.size());
+    MlaWgmmaKernel<kBf16><<<plan.split.grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    return detail::LaunchMergePartials<kBf16, kMlaVDim>(
+        p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_heads, p.o,
+        p.lse, !plan.plain_merge, stream);
+  }
+};
+
 // The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -709,33 +738,46 @@ bool EncodeKvMap(MlaParams& p, int eb, bool bf16) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int kV>
-using Int = std::integral_constant<int, kV>;
 template <bool kV>
 using Bool = std::integral_constant<bool, kV>;
 
-// Calls f(KV{}, Bool<kQBf16>{}, Int<kN>{}, Bool<kTma>{}) for the kernel of these types, heads
-// per block and copy kind; false where there is none (e4m3 at 32 heads per block has no
-// tensor-copy build: it spilled registers and measured slower).
+#if defined(KVPOOL_HAVE_WGMMA)
+constexpr bool kHaveWgmma = true;  // built for sm_90a (cuda.cmake)
+#else
+constexpr bool kHaveWgmma = false;
+#endif
+
+// Calls f(Launcher{}) with the launcher of the kernel for these types, heads per block and copy
+// kind; false where there is none (e4m3 at 32 heads per block has no tensor-copy build: it
+// spilled registers and measured slower; 64 heads per block is the wgmma kernel: 16-bit caches,
+// tensor copies, sm_90a).
 template <typename F>
-bool WithMlaKernel(DType q_type, DType kv_type, int heads_per_block, bool tma, F&& f) {
+bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma, F&& f) {
   auto by_heads = [&](auto kv, auto qbf16) {
-    constexpr bool kFp8 = std::is_same_v<decltype(kv), Fp8Tag>;
+    using KV = decltype(kv);
+    constexpr bool kQBf16 = decltype(qbf16)::value;
+    constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
     if (heads_per_block == 16) {
       if (tma) {
-        f(kv, qbf16, Int<16>{}, Bool<true>{});
+        f(MlaLauncher<KV, kQBf16, 16, true>{});
       } else {
-        f(kv, qbf16, Int<16>{}, Bool<false>{});
+        f(MlaLauncher<KV, kQBf16, 16, false>{});
       }
       return true;
     }
     if (heads_per_block == 32) {
       if (!tma) {
-        f(kv, qbf16, Int<32>{}, Bool<false>{});
+        f(MlaLauncher<KV, kQBf16, 32, false>{});
         return true;
       }
       if constexpr (!kFp8) {
-        f(kv, qbf16, Int<32>{}, Bool<true>{});
+        f(MlaLauncher<KV, kQBf16, 32, true>{});
+        return true;
+      }
+    }
+    if (heads_per_block == 64 && tma && kHaveWgmma) {
+      if constexpr (!kFp8) {
+        f(MlaWgLauncher<kQBf16>{});
         return true;
       }
     }
@@ -754,6 +796,15 @@ bool WithMlaKernel(DType q_type, DType kv_type, int heads_per_block, bool tma, F
   return false;
 }
 
+// The wgmma kernel's sm_90a code runs on compute capability 9.0 only (H100, H200).
+bool IsSm90Device() {
+  int dev = 0, major = 0, minor = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the cost model
 
 struct MlaBasis {
@@ -768,20 +819,27 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   if (KernelStatus st = MlaDecodeSupported(shape, q_type, kv_type); !st.ok()) return st;
   if (max_seq_len < 0) return KernelStatus::Refused("MlaDecode: max_seq_len is negative");
   const bool fp8 = kv_type == DType::kFP8E4M3;
+  const bool tma_ok =
+      !options.row_copies && shape.block_size % 16 == 0 && TensorMapEncoder() != nullptr;
+  const bool wgmma_ok = kHaveWgmma && !fp8 && tma_ok && IsSm90Device();
   int hpb = options.heads_per_block;
+  // The wgmma kernel (64) is chosen only when asked for until a GPU run has checked it.
   if (hpb == 0) hpb = shape.num_heads % 32 == 0 ? 32 : 16;
-  if ((hpb != 16 && hpb != 32) || shape.num_heads % hpb != 0) {
+  if ((hpb != 16 && hpb != 32 && hpb != 64) || shape.num_heads % hpb != 0) {
     return KernelStatus::Refused("MlaDecode: " + std::to_string(hpb) +
-                                 " heads per block (16 or 32, dividing num_heads " +
+                                 " heads per block (16, 32 or 64, dividing num_heads " +
                                  std::to_string(shape.num_heads) + ")");
   }
-  const bool tma = !options.row_copies && shape.block_size % 16 == 0 && !(fp8 && hpb == 32) &&
-                   TensorMapEncoder() != nullptr;
+  if (hpb == 64 && !wgmma_ok) {
+    return KernelStatus::Refused(
+        "MlaDecode: 64 heads per block is the wgmma kernel: it needs a bf16 or fp16 cache, "
+        "tensor copies (block_size a multiple of 16, no row_copies), a build for sm_90a and a "
+        "compute capability 9.0 GPU");
+  }
+  const bool tma = tma_ok && !(fp8 && hpb == 32);
   int ctas = 0;
-  WithMlaKernel(q_type, kv_type, hpb, tma, [&](auto kv, auto qbf16, auto n, auto t) {
-    ctas = MlaLauncher<decltype(kv), decltype(qbf16)::value, decltype(n)::value,
-                       decltype(t)::value>::ResidentCtas();
-  });
+  WithMlaLauncher(q_type, kv_type, hpb, tma,
+                  [&](auto launcher) { ctas = decltype(launcher)::ResidentCtas(); });
   if (ctas <= 0) {
     const cudaError_t e = cudaGetLastError();
     return {static_cast<int>(e == cudaSuccess ? cudaErrorInvalidConfiguration : e),
@@ -905,6 +963,7 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   bool tma = plan.tma;
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
+    if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;
     tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16);
     if (!tma) {
       return KernelStatus::Refused("RunMlaDecode: the copy engine refused the cache's tensor map");
@@ -912,11 +971,8 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   }
   cudaError_t e = cudaSuccess;
   const bool found =
-      WithMlaKernel(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
-                    [&](auto kv, auto qbf16, auto n, auto t) {
-                      e = MlaLauncher<decltype(kv), decltype(qbf16)::value, decltype(n)::value,
-                                      decltype(t)::value>::Run(plan, p, stream);
-                    });
+      WithMlaLauncher(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
+                      [&](auto launcher) { e = decltype(launcher)::Run(plan, p, stream); });
   if (!found) return KernelStatus::Refused("RunMlaDecode: the plan names no kernel");
   if (e != cudaSuccess) {
     return {static_cast<int>(e), std::string("RunMlaDecode: ") + cudaGetErrorString(e)};

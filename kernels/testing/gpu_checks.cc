@@ -986,6 +986,15 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   MlaDecodeOptions rows;
   rows.row_copies = true;
   out.push_back(RunMlaCase({32, 64, DType::kBF16, DType::kBF16, {1300, 0, 64}, 0, rows}, rng));
+  // The wgmma kernel (64 heads per block): short and empty sequences, long ones split and
+  // merged, 64-, 32- and 16-token blocks (one, two or four tensor copies per slab), fp16.
+  MlaDecodeOptions by64;
+  by64.heads_per_block = 64;
+  const DType b16 = DType::kBF16, f16 = DType::kFP16;
+  out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 97}, 0, by64}, rng));
+  out.push_back(RunMlaCase({64, 64, b16, b16, {20000, 3, 0, 129}, 0, by64}, rng));
+  out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40}, 64, by64}, rng));
+  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77}, 0, by64}, rng));
 
   // The benchmark matrix's MLA rows, with fewer sequences where the CPU reference would take
   // too long; ragged lengths from SeededLengths.

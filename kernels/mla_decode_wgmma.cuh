@@ -1,0 +1,354 @@
+#pragma once
+
+// MLA decode for 64 heads per block on Hopper's warpgroup MMA (wgmma), bf16 or fp16 caches.
+// Included by mla_decode.cu only (it uses MlaParams and the planner there); 128 heads run as two
+// head groups whose items are adjacent in the plan, so the second read of a tile mostly hits L2.
+//
+// Design (docs/kernels.md has the long form):
+//  - One block per SM: two consumer warpgroups and a producer warpgroup (one warp of it copies;
+//    it hands its registers to the consumers, 232 per thread). The producer takes work items
+//    (sequence, 64 heads, tokens [start, end)) from the plan's counter and streams each 64-token
+//    tile into one of two 72 KiB stages with tensor copies: nine [64 rows][64 values] column
+//    slabs per stage, 128-byte swizzled, which is wgmma's canonical operand layout.
+//  - Scores: warpgroup g computes S = Q K^T for the 64 heads (M) and tokens 32g .. 32g + 31 of
+//    the tile (N = 32), K = 576 in 36 steps; Q lives in shared memory as nine swizzled slabs.
+//  - Softmax: each warpgroup's row maxima go to shared memory; after a barrier of both groups
+//    each knows the tile's maxima (identical in both), writes its probabilities (16-bit) into
+//    the shared P tile [64 heads][64 tokens], and after a second barrier both compute
+//    O[:, 256g .. 256g + 255] += P V over all 64 tokens (m64n256k16, V read MN-major straight
+//    from the stage: no transposed copy). Each thread keeps 128 fp32 accumulators.
+//  - Rows past a sequence's end are zeroed in the value columns (they may hold NaN), and their
+//    scores masked, as in the mma.sync kernel.
+
+#include "kernels/wgmma.cuh"
+
+namespace kvpool::kernels {
+namespace {
+
+struct MlaWgConfig {
+  static constexpr int kHeads = 64;         // wgmma's M
+  static constexpr int kTile = 64;          // tokens per stage and tile
+  static constexpr int kThreads = 3 * 128;  // two consumer warpgroups, one producer warpgroup
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kSlabs = kMlaKDim / 64;             // 9 column slabs of 128 bytes
+  static constexpr int kSlabBytes = 64 * 128;              // [64 rows][128 B]
+  static constexpr int kStageBytes = kSlabs * kSlabBytes;  // 72 KiB
+  static constexpr int kStages = 2;
+  static constexpr int kQOffset = kStages * kStageBytes;  // nine slabs of [64 heads][128 B]
+  static constexpr int kPOffset = kQOffset + kSlabs * kSlabBytes;  // [64 heads][64 tokens]
+  static constexpr int kMaxOffset = kPOffset + kSlabBytes;         // [2 groups][64 heads] floats
+  static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;
+  static constexpr int kMetaOffset = kSumOffset + 2 * 64 * 4;
+  static constexpr int kBarOffset = kMetaOffset + 16;
+  static constexpr int kSmemBytes = kBarOffset + 16 * kStages + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+// Byte offset of 16-byte piece `piece` of row `row` in a 128-byte-swizzled slab.
+__device__ __forceinline__ uint32_t Swz128(int row, int piece) {
+  return row * 128 + 16 * (piece ^ (row & 7));
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
+    MlaWgmmaKernel(const __grid_constant__ MlaParams p) {
+  using C = MlaWgConfig;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - detail::SmemAddr(smem_raw) % 1024) % 1024);
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const uint32_t base = detail::SmemAddr(smem);
+  const uint32_t full = base + C::kBarOffset;    // stage filled (one arrival + the bytes)
+  const uint32_t empty = full + 8 * C::kStages;  // stage read by all eight consumer warps
+  int* meta = reinterpret_cast<int*>(smem + C::kMetaOffset);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      detail::MbarInit(full + 8 * s, 1);
+      detail::MbarInit(empty + 8 * s, C::kConsumerWarps);
+    }
+    detail::FenceBarrierInit();
+  }
+  detail::LaunchDependents();
+  __syncthreads();
+
+  if (warp >= C::kConsumerWarps) {
+    // The producer warpgroup gives up its registers to the consumers (232 each, two
+    // warpgroups: 2 x 128 x 232 + 128 x 40 <= 65536); one warp of it copies.
+    detail::WarpgroupRegDealloc<40>();
+    if (warp != C::kConsumerWarps) return;
+    // Producer: one stage per 64-token tile; an item of no tokens gets one stage without bytes;
+    // a stage naming item -1 ends the consumers. Boxes past the last token repeat the last valid
+    // box (the consumers zero those rows), so no table entry beyond the sequence is read.
+    uint32_t g = 0;
+    auto acquire = [&]() {
+      const uint32_t s = g % C::kStages;
+      if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
+      return s;
+    };
+    auto take = [&]() {
+      int v = 0;
+      if (lane == 0) v = atomicAdd(p.ws.counter, 1);
+      return __shfl_sync(0xffffffffu, v, 0);
+    };
+    int item = take();
+    while (true) {
+      if (item >= p.total_items) {
+        if (lane == 0) detail::FinishWorkCounter(p.ws.counter);
+        const uint32_t s = acquire();
+        if (lane == 0) {
+          meta[s] = -1;
+          detail::MbarArriveCount(full + 8 * s, 1);
+        }
+        break;
+      }
+      const int cur = item;
+      const int next = take();
+      const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
+      item = next;
+      const int b = wi.x;
+      const int start = wi.z;
+      const int end = max(start, min(p.seq_lens[b], wi.w));
+      const int ntiles = (end - start + C::kTile - 1) / C::kTile;
+      if (ntiles == 0) {
+        const uint32_t s = acquire();
+        if (lane == 0) {
+          meta[s] = cur;
+          detail::MbarArriveCount(full + 8 * s, 1);
+        }
+        ++g;
+        continue;
+      }
+      const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
+      const int box = p.box_rows;
+      const int last_box = (end - 1) / box * box;
+      for (int k = 0; k < ntiles; ++k) {
+        const uint32_t s = acquire();
+        if (lane == 0) {
+          meta[s] = cur;
+          detail::MbarArriveExpectTx(full + 8 * s, C::kTile * kMlaKDim * 2);
+          const uint32_t dst = base + s * C::kStageBytes;
+          for (int h = 0; h < C::kTile; h += box) {
+            const int t = min(start + k * C::kTile + h, last_box);
+            const int blk = __ldg(table + t / p.block_size);
+#pragma unroll
+            for (int j = 0; j < C::kSlabs; ++j) {
+              detail::TmaLoad3D(dst + j * C::kSlabBytes + h * 128, &p.kv_map, 64 * j,
+                                t % p.block_size, blk, full + 8 * s);
+            }
+          }
+        }
+        __syncwarp();
+        ++g;
+      }
+    }
+    return;
+  }
+
+  detail::WarpgroupRegAlloc<232>();
+  // Consumers. Warpgroup wg, warp w4 in it: accumulator rows (heads) r0 = 16 w4 + lane / 4 and
+  // r1 = r0 + 8; S columns (tokens 32 wg + ...) and O columns (value dims 256 wg + ...) 8j + 2q
+  // and + 1 for n8-block j.
+  const int wg = warp / 4;
+  const int w4 = warp % 4;
+  const int q4 = lane % 4;
+  const int r0 = 16 * w4 + lane / 4, r1 = r0 + 8;
+  const uint32_t qsm = base + C::kQOffset;
+  const uint32_t psm = base + C::kPOffset;
+  float* wmax = reinterpret_cast<float*>(smem + C::kMaxOffset);
+  float* wsum = reinterpret_cast<float*>(smem + C::kSumOffset);
+  constexpr int kBar = 1;
+  constexpr uint32_t kSbo = 1024;  // 8 rows of 128 bytes
+
+  uint32_t g = 0;
+  while (true) {
+    const uint32_t s0 = g % C::kStages;
+    detail::MbarWait(full + 8 * s0, (g / C::kStages) & 1);
+    const int item = meta[s0];
+    if (item < 0) break;
+    const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + item);
+    const int b = wi.x;
+    const int start = wi.z;
+    const int end = max(start, min(p.seq_lens[b], wi.w));
+    const int ntiles = (end - start + C::kTile - 1) / C::kTile;
+    const int head_base = wi.y * C::kHeads;
+
+    // The query of these 64 heads into nine swizzled slabs. The previous item's readers passed
+    // its last P barrier before this point.
+    if (ntiles > 0) {
+      const uint4* qg = reinterpret_cast<const uint4*>(
+          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_heads + head_base) * kMlaKDim);
+      constexpr int kPieces = C::kHeads * kMlaKDim / 8;  // 16-byte pieces
+      for (int i = threadIdx.x; i < kPieces; i += C::kConsumerThreads) {
+        const int head = i / (kMlaKDim / 8), c = i % (kMlaKDim / 8);
+        *reinterpret_cast<uint4*>(smem + C::kQOffset + (c / 8) * C::kSlabBytes +
+                                  Swz128(head, c % 8)) = __ldg(qg + i);
+      }
+      detail::FenceProxyAsync();  // generic writes, read by wgmma (the async proxy)
+    }
+    detail::NamedBarrier(kBar, C::kConsumerThreads);
+
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+
+    if (ntiles == 0) {
+      __syncwarp();
+      if (lane == 0) detail::MbarArrive(empty + 8 * s0);
+      ++g;
+    }
+    for (int k = 0; k < ntiles; ++k) {
+      const uint32_t s = g % C::kStages;
+      detail::MbarWait(full + 8 * s, (g / C::kStages) & 1);
+      const uint32_t stage = base + s * C::kStageBytes;
+      const int tok0 = start + k * C::kTile;
+      const int valid = end - tok0;
+      if (valid < C::kTile) {
+        // Value columns of rows past the end: zero (0 x NaN would poison the output).
+        constexpr int kRowPieces = 8 * 8;  // slabs 0-7, 8 pieces each
+        for (int i = threadIdx.x; i < (C::kTile - valid) * kRowPieces; i += C::kConsumerThreads) {
+          const int row = valid + i / kRowPieces, piece = i % kRowPieces;
+          detail::StShared16Zero(stage + (piece / 8) * C::kSlabBytes + Swz128(row, piece % 8));
+        }
+        detail::FenceProxyAsync();
+        detail::NamedBarrier(kBar, C::kConsumerThreads);
+      }
+
+      // 1. S = Q K^T for this group's 32 tokens.
+      float sc[16];
+      detail::WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < kMlaKDim / 16; ++ks) {
+        const uint32_t off = (ks / 4) * C::kSlabBytes + (ks % 4) * 32;
+        detail::WgmmaM64N32K16<kBf16>(sc, detail::WgmmaDesc(qsm + off, 16, kSbo),
+                                      detail::WgmmaDesc(stage + off + wg * 32 * 128, 16, kSbo),
+                                      ks > 0);
+      }
+      detail::WgmmaCommit();
+      detail::WgmmaWait<0>();
+      detail::WgmmaFenceOperands(sc);
+
+      // 2. Scale and mask; row maxima of this group, then of the tile (both groups).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = 32 * wg + 8 * j + 2 * q4 + (e & 1);
+          const float x = tok < valid ? sc[4 * j + e] * p.scale_log2 : -INFINITY;
+          sc[4 * j + e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+      }
+      if (q4 == 0) {
+        wmax[wg * 64 + r0] = mx[0];
+        wmax[wg * 64 + r1] = mx[1];
+      }
+      detail::NamedBarrier(kBar, C::kConsumerThreads);
+      float alpha[2], m_new[2];
+      const int rows[2] = {r0, r1};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // Finite: token 0 of a tile is always valid.
+        m_new[e] = fmaxf(m_run[e], fmaxf(mx[e], wmax[(1 - wg) * 64 + rows[e]]));
+        alpha[e] = exp2f(m_run[e] - m_new[e]);
+        m_run[e] = m_new[e];
+        l_run[e] *= alpha[e];
+      }
+      // 3. P (16-bit) into the shared tile: row = head, columns = the tile's 64 tokens.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = exp2f(sc[4 * j] - m_new[0]), p1 = exp2f(sc[4 * j + 1] - m_new[0]);
+        const float p2 = exp2f(sc[4 * j + 2] - m_new[1]), p3 = exp2f(sc[4 * j + 3] - m_new[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        const int col = 32 * wg + 8 * j + 2 * q4;  // 16-bit column; piece col / 8
+        *reinterpret_cast<uint32_t*>(smem + C::kPOffset + Swz128(r0, col / 8) + 2 * (col % 8)) =
+            detail::PackFloat2<kBf16>(p0, p1);
+        *reinterpret_cast<uint32_t*>(smem + C::kPOffset + Swz128(r1, col / 8) + 2 * (col % 8)) =
+            detail::PackFloat2<kBf16>(p2, p3);
+      }
+      detail::FenceProxyAsync();
+      detail::NamedBarrier(kBar, C::kConsumerThreads);  // P complete; maxima read by both
+
+      // 4. O = O * alpha + P V over this group's 256 value dims (slabs 4 wg .. 4 wg + 3).
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      detail::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < C::kTile / 16; ++kk) {
+        detail::WgmmaM64N256K16TransB<kBf16>(
+            o, detail::WgmmaDesc(psm + kk * 32, 16, kSbo),
+            detail::WgmmaDesc(stage + 4 * wg * C::kSlabBytes + kk * 16 * 128, C::kSlabBytes, kSbo));
+      }
+      detail::WgmmaCommit();
+      detail::WgmmaWait<0>();
+      detail::WgmmaFenceOperands(o);
+      __syncwarp();
+      if (lane == 0) detail::MbarArrive(empty + 8 * s);
+      ++g;
+    }
+
+    // Row sums: this thread's columns, its quad, then both groups. The barrier also ends every
+    // reader of the query and of P for this item.
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 1);
+      l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 2);
+    }
+    if (q4 == 0) {
+      wsum[wg * 64 + r0] = l_run[0];
+      wsum[wg * 64 + r1] = l_run[1];
+    }
+    detail::NamedBarrier(kBar, C::kConsumerThreads);
+    float inv[2], lse[2];
+    {
+      const float ls[2] = {wsum[r0] + wsum[64 + r0], wsum[r1] + wsum[64 + r1]};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        inv[e] = ls[e] > 0.0f ? p.v_scale / ls[e] : 0.0f;
+        lse[e] = ls[e] > 0.0f ? (m_run[e] + __log2f(ls[e])) * detail::kLn2 : -INFINITY;
+      }
+    }
+    // The next item's first write of wsum comes after its query barrier, which every thread
+    // reaches after reading the sums here.
+
+    const int slot = __ldg(&p.ws.items[item].slot);
+    const int heads[2] = {head_base + r0, head_base + r1};
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int d = 256 * wg + 8 * j + 2 * q4;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v0 = o[4 * j + 2 * e] * inv[e], v1 = o[4 * j + 2 * e + 1] * inv[e];
+        if (slot < 0) {
+          uint16_t* out =
+              static_cast<uint16_t*>(p.o) + (size_t{1} * b * p.num_heads + heads[e]) * kMlaVDim + d;
+          *reinterpret_cast<uint32_t*>(out) = detail::PackFloat2<kBf16>(v0, v1);
+        } else {
+          const size_t row = size_t{1} * slot * p.num_heads + heads[e];
+          *reinterpret_cast<float2*>(p.ws.part_o + row * kMlaVDim + d) = make_float2(v0, v1);
+        }
+      }
+    }
+    if (wg == 0 && q4 == 0) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (slot < 0) {
+          if (p.lse != nullptr) p.lse[size_t{1} * b * p.num_heads + heads[e]] = lse[e];
+        } else {
+          p.ws.part_lse[size_t{1} * slot * p.num_heads + heads[e]] = lse[e];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvpool::kernels
