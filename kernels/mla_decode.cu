@@ -823,8 +823,9 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
       !options.row_copies && shape.block_size % 16 == 0 && TensorMapEncoder() != nullptr;
   const bool wgmma_ok = kHaveWgmma && !fp8 && tma_ok && IsSm90Device();
   int hpb = options.heads_per_block;
-  // The wgmma kernel (64) is chosen only when asked for until a GPU run has checked it.
-  if (hpb == 0) hpb = shape.num_heads % 32 == 0 ? 32 : 16;
+  if (hpb == 0) {
+    hpb = shape.num_heads % 64 == 0 && wgmma_ok ? 64 : (shape.num_heads % 32 == 0 ? 32 : 16);
+  }
   if ((hpb != 16 && hpb != 32 && hpb != 64) || shape.num_heads % hpb != 0) {
     return KernelStatus::Refused("MlaDecode: " + std::to_string(hpb) +
                                  " heads per block (16, 32 or 64, dividing num_heads " +

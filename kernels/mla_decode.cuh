@@ -19,8 +19,8 @@ namespace kvpool::kernels {
 // travel inside the plan, so concurrent launches never see each other's settings.
 struct MlaDecodeOptions {
   int heads_per_block = 0;  // 16, 32 (mma.sync) or 64 (wgmma: 16-bit caches, tensor copies,
-                            // sm_90a; not yet checked on a GPU, so only on request); default: 32
-                            // where num_heads is a multiple of 32, else 16
+                            // sm_90a); default: 64 where that kernel runs and divides num_heads,
+                            // else 32, else 16
   bool row_copies = false;  // one bulk copy per row instead of tensor copies (TMA)
   int chunk = 0;            // tokens per work item (a multiple of 64) instead of the planned ones
   bool uniform = false;     // plan as if every sequence had max_seq_len (ignores host seq_lens)
