@@ -51,6 +51,13 @@ __device__ __forceinline__ void WaitForPrimary() {
 #endif
 }
 
+// A producer warp's next work item: lane 0 takes it from the plan's counter, every lane gets it.
+__device__ __forceinline__ int WarpTakeItem(int* counter, int lane) {
+  int v = 0;
+  if (lane == 0) v = atomicAdd(counter, 1);
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
 // The work counter resets itself: each block of a counter launch calls this once, from one
 // thread, after its take from counter[0] came back past the last item; the last block to
 // arrive sets both words back to zero (no block takes again after its own arrival, and the

@@ -168,11 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (g >= kS) detail::MbarWait(empty + 8 * s, (g / kS - 1) & 1);
       return s;
     };
-    auto take = [&]() {
-      int v = 0;
-      if (lane == 0) v = atomicAdd(p.ws.counter, 1);
-      return __shfl_sync(kFull, v, 0);
-    };
+    auto take = [&]() { return detail::WarpTakeItem(p.ws.counter, lane); };
     int item = take();
     while (true) {
       if (item >= p.total_items) {

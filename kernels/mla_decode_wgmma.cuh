@@ -86,11 +86,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
       return s;
     };
-    auto take = [&]() {
-      int v = 0;
-      if (lane == 0) v = atomicAdd(p.ws.counter, 1);
-      return __shfl_sync(0xffffffffu, v, 0);
-    };
+    auto take = [&]() { return detail::WarpTakeItem(p.ws.counter, lane); };
     int item = take();
     while (true) {
       if (item >= p.total_items) {
