@@ -654,49 +654,35 @@ int ResidentCtasOf(Kernel kernel, int threads, int smem_bytes) {
   return per_sm * detail::NumSms();
 }
 
-template <typename KV, bool kQBf16, int kN, bool kTma>
-struct MlaLauncher {
-  using C = MlaConfig<KV, kN, kTma>;
-
+// Launches one MLA kernel over a plan: persistent blocks take the plan's items from the work
+// counter (longest first); the merge kernel combines the split sequences.
+template <auto kKernel, int kBlockThreads, int kSmemBytes, bool kOutBf16>
+struct MlaKernelLauncher {
   static int ResidentCtas() {
-    static const int ctas =
-        ResidentCtasOf(MlaDecodeKernel<KV, kQBf16, kN, kTma>, kThreads, C::kSmemBytes);
+    static const int ctas = ResidentCtasOf(kKernel, kBlockThreads, kSmemBytes);
     return ctas;
   }
 
-  // Persistent blocks take the plan's items from the work counter (longest first); the merge
-  // kernel combines the split sequences.
   static cudaError_t Run(const MlaDecodePlan& plan, MlaParams p, cudaStream_t stream) {
     p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
     p.total_items = static_cast<int>(plan.split.items.size());  // the counter is zero here
-    MlaDecodeKernel<KV, kQBf16, kN, kTma><<<plan.split.grid, kThreads, C::kSmemBytes, stream>>>(p);
+    kKernel<<<plan.split.grid, kBlockThreads, kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    return detail::LaunchMergePartials<kQBf16, kMlaVDim>(
+    return detail::LaunchMergePartials<kOutBf16, kMlaVDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_heads, p.o,
         p.lse, !plan.plain_merge, stream);
   }
 };
+
+// The mma.sync kernel (16 or 32 heads per block).
+template <typename KV, bool kQBf16, int kN, bool kTma>
+using MlaLauncher = MlaKernelLauncher<MlaDecodeKernel<KV, kQBf16, kN, kTma>, kThreads,
+                                      MlaConfig<KV, kN, kTma>::kSmemBytes, kQBf16>;
 
 // 64 heads per block on wgmma (mla_decode_wgmma.cuh), bf16 or fp16 with tensor copies.
 template <bool kBf16>
-struct MlaWgLauncher {
-  using C = MlaWgConfig;
-
-  static int ResidentCtas() {
-    static const int ctas = ResidentCtasOf(MlaWgmmaKernel<kBf16>, C::kThreads, C::kSmemBytes);
-    return ctas;
-  }
-
-  static cudaError_t Run(const MlaDecodePlan& plan, MlaParams p, cudaStream_t stream) {
-    p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
-    p.total_items = static_cast<int>(plan.split.items.size());
-    MlaWgmmaKernel<kBf16><<<plan.split.grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    return detail::LaunchMergePartials<kBf16, kMlaVDim>(
-        p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_heads, p.o,
-        p.lse, !plan.plain_merge, stream);
-  }
-};
+using MlaWgLauncher =
+    MlaKernelLauncher<MlaWgmmaKernel<kBf16>, MlaWgConfig::kThreads, MlaWgConfig::kSmemBytes, kBf16>;
 
 // The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
