@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -30,9 +32,24 @@ v1::PinMode ToWire(PinMode pin) {
   return v1::PIN_NONE;
 }
 
-// A placement as the client uses it; InternalError for one the master got wrong: a token of
-// the wrong size (none is right where none was asked for: `token` false; a master from
-// before without_tokens sends one anyway), or a length other than the object's `size`.
+// Sets `out`'s token from the one the master sent, after the checks of every placement:
+// InternalError for one the master got wrong: a token of the wrong size (none is right where
+// none was asked for: `token` false; a master from before without_tokens sends one anyway), or
+// a length (out->length) other than the object's `size`.
+absl::Status SetToken(std::string_view wire_token, uint64_t size, bool token, Placement* out) {
+  const bool none = !token && wire_token.empty();
+  if (!none && wire_token.size() != out->token.size()) {
+    return absl::InternalError(absl::StrCat("master sent a ", wire_token.size(), "-byte token"));
+  }
+  if (!none) std::memcpy(out->token.data(), wire_token.data(), out->token.size());
+  if (out->length != size) {
+    return absl::InternalError(
+        absl::StrCat("master placed ", out->length, " bytes for an object of ", size));
+  }
+  return absl::OkStatus();
+}
+
+// A placement as the client uses it; InternalError as SetToken says.
 absl::StatusOr<Placement> FromWire(const v1::Placement& placement, uint64_t size,
                                    bool token = true) {
   Placement out{.segment_name = placement.segment_name(),
@@ -41,16 +58,7 @@ absl::StatusOr<Placement> FromWire(const v1::Placement& placement, uint64_t size
                 .incarnation = placement.incarnation(),
                 .offset = placement.offset(),
                 .length = placement.length()};
-  const bool none = !token && placement.token().empty();
-  if (!none && placement.token().size() != out.token.size()) {
-    return absl::InternalError(
-        absl::StrCat("master sent a ", placement.token().size(), "-byte token"));
-  }
-  if (!none) std::memcpy(out.token.data(), placement.token().data(), out.token.size());
-  if (placement.length() != size) {
-    return absl::InternalError(absl::StrCat("master placed ", placement.length(),
-                                            " bytes for an object of ", size));
-  }
+  if (absl::Status set = SetToken(placement.token(), size, token, &out); !set.ok()) return set;
   return out;
 }
 
@@ -353,8 +361,12 @@ absl::Status GrpcMasterClient::BatchPutRevoke(absl::Span<const PutEnd> items) {
 absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
     absl::Span<const std::string> keys, const LocateOptions& options) {
   v1::BatchGetReplicaListRequest request;
+  request.mutable_keys()->Reserve(static_cast<int>(keys.size()));
   for (const std::string& key : keys) request.add_keys(key);
   request.set_without_tokens(!options.tokens);
+  // Each segment named once per answer; a master from before answers full placements, which
+  // are read as well.
+  request.set_compact_placements(true);
   absl::Time asked = absl::Now();
   absl::StatusOr<v1::BatchGetReplicaListResponse> answer =
       Call(&v1::MasterService::Stub::BatchGetReplicaList, request,
@@ -363,13 +375,23 @@ absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
   if (answer->results_size() != static_cast<int>(keys.size())) {
     return CountMismatch(answer->results_size(), keys.size());
   }
+  // The compact answer's segment table, converted once (its strings moved out of the answer):
+  // each replica starts as a copy of its segment's entry.
+  std::vector<Placement> segments;
+  segments.reserve(answer->segments_size());
+  for (v1::SegmentRef& segment : *answer->mutable_segments()) {
+    segments.push_back(Placement{.segment_name = std::move(*segment.mutable_name()),
+                                 .endpoint = std::move(*segment.mutable_endpoint()),
+                                 .host = std::move(*segment.mutable_host()),
+                                 .incarnation = segment.incarnation()});
+  }
   std::vector<Location> located(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const v1::GetResult& result = answer->results(static_cast<int>(i));
     Location& out = located[i];
     out.status = FromErrorCode(result.code(), result.message());
     if (!out.status.ok()) continue;
-    if (result.replicas().empty()) {
+    if (result.replicas().empty() && result.compact_replicas().empty()) {
       out.status = absl::InternalError("master gave no replica");
       continue;
     }
@@ -377,6 +399,7 @@ absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
     out.checksum = result.checksum();
     out.lease = absl::Milliseconds(result.lease_ttl_ms());
     out.lease_expiry = asked + out.lease;
+    out.replicas.reserve(result.replicas_size() + result.compact_replicas_size());
     for (const v1::Placement& replica : result.replicas()) {
       absl::StatusOr<Placement> converted = FromWire(replica, result.size(), options.tokens);
       if (!converted.ok()) {
@@ -384,6 +407,18 @@ absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
         break;
       }
       out.replicas.push_back(*std::move(converted));
+    }
+    for (const v1::CompactPlacement& replica : result.compact_replicas()) {
+      if (!out.status.ok()) break;
+      if (replica.segment() >= segments.size()) {
+        out.status = absl::InternalError(absl::StrCat("master named segment ", replica.segment(),
+                                                      " of a table of ", segments.size()));
+        break;
+      }
+      Placement& placement = out.replicas.emplace_back(segments[replica.segment()]);
+      placement.offset = replica.offset();
+      placement.length = replica.length();
+      out.status = SetToken(replica.token(), result.size(), options.tokens, &placement);
     }
     if (!out.status.ok()) out.replicas.clear();
   }

@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -198,6 +200,156 @@ TEST_F(PoolTest, AbandonedPutIsNeverVisible) {
   // Someone else writing the same key is told it is in flight, and writes nothing.
   EXPECT_EQ(ToErrorCode(client_->Put("abandoned", "x")), v1::OBJECT_ALREADY_EXISTS);
   EXPECT_EQ(client_->GetClusterStatus()->pending_objects, 1u);
+}
+
+// BatchGetReplicaList's compact answer (compact_placements): each segment once in the answer's
+// table, and every replica resolved through it to the segment, range and token of the full
+// answer (the token read back over TCP); without the flag the answer is as it was. The client
+// asks in the compact form and hands the same locations up.
+TEST_F(PoolTest, CompactLookupNamesEachSegmentOnceAndResolvesEveryReplica) {
+  std::vector<std::string> keys;
+  std::vector<std::string> values;
+  std::vector<int> replicas;
+  for (int i = 0; i < 12; ++i) {
+    keys.push_back("compact-" + std::to_string(i));
+    values.push_back(testing::RandomValue(1000 + 517 * i, 100 + i));
+    replicas.push_back(i % 2 == 0 ? 2 : 1);
+    ASSERT_TRUE(client_
+                    ->Put(keys.back(), values.back(),
+                          PutOptions{.replicas = static_cast<uint32_t>(replicas.back())})
+                    .ok())
+        << keys.back();
+  }
+  for (size_t at : {size_t{3}, size_t{13}}) {
+    keys.insert(keys.begin() + at, "absent-" + std::to_string(at));
+    values.insert(values.begin() + at, "");
+    replicas.insert(replicas.begin() + at, 0);
+  }
+  auto stub = v1::MasterService::NewStub(MakeMasterChannel(master_.grpc));
+  auto ask = [&](bool compact, bool tokens) {
+    v1::BatchGetReplicaListRequest request;
+    for (const std::string& key : keys) request.add_keys(key);
+    request.set_compact_placements(compact);
+    request.set_without_tokens(!tokens);
+    v1::BatchGetReplicaListResponse answer;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub->BatchGetReplicaList(&context, request, &answer).ok());
+    EXPECT_EQ(answer.results_size(), static_cast<int>(keys.size()));
+    return answer;
+  };
+  const v1::BatchGetReplicaListResponse full = ask(false, true);
+  const v1::BatchGetReplicaListResponse compact = ask(true, true);
+  const v1::BatchGetReplicaListResponse bare = ask(true, false);
+  ASSERT_EQ(full.results_size(), static_cast<int>(keys.size()));
+  ASSERT_EQ(compact.results_size(), static_cast<int>(keys.size()));
+  ASSERT_EQ(bare.results_size(), static_cast<int>(keys.size()));
+
+  // The table: both segments, once each, as the cluster lists them.
+  EXPECT_EQ(full.segments_size(), 0);
+  ASSERT_EQ(compact.segments_size(), 2);
+  EXPECT_NE(compact.segments(0).name(), compact.segments(1).name());
+  absl::StatusOr<ClusterStatus> status = client_->GetClusterStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  for (const v1::SegmentRef& segment : compact.segments()) {
+    auto listed = std::find_if(status->segments.begin(), status->segments.end(),
+                               [&](const SegmentStatus& s) { return s.name == segment.name(); });
+    ASSERT_NE(listed, status->segments.end()) << segment.name();
+    EXPECT_EQ(segment.endpoint(), listed->endpoint);
+    EXPECT_EQ(segment.host(), listed->host);
+    EXPECT_NE(segment.incarnation(), 0u);
+  }
+  ASSERT_EQ(bare.segments_size(), 2);
+
+  client::TcpTransport transport({});
+  for (size_t i = 0; i < keys.size(); ++i) {
+    SCOPED_TRACE(keys[i]);
+    const v1::GetResult& old = full.results(static_cast<int>(i));
+    const v1::GetResult& got = compact.results(static_cast<int>(i));
+    EXPECT_TRUE(old.compact_replicas().empty());
+    EXPECT_TRUE(got.replicas().empty());
+    if (replicas[i] == 0) {
+      EXPECT_EQ(old.code(), v1::OBJECT_NOT_FOUND);
+      EXPECT_EQ(got.code(), v1::OBJECT_NOT_FOUND);
+      EXPECT_TRUE(old.replicas().empty());
+      EXPECT_TRUE(got.compact_replicas().empty());
+      continue;
+    }
+    ASSERT_EQ(old.code(), v1::OK);
+    ASSERT_EQ(got.code(), v1::OK);
+    EXPECT_EQ(got.size(), values[i].size());
+    EXPECT_EQ(got.checksum(), old.checksum());
+    EXPECT_GT(got.lease_ttl_ms(), 0u);
+    ASSERT_EQ(old.replicas_size(), replicas[i]);
+    ASSERT_EQ(got.compact_replicas_size(), replicas[i]);
+    ASSERT_EQ(bare.results(static_cast<int>(i)).compact_replicas_size(), replicas[i]);
+    for (int j = 0; j < replicas[i]; ++j) {
+      const v1::Placement& want = old.replicas(j);
+      const v1::CompactPlacement& placement = got.compact_replicas(j);
+      ASSERT_LT(placement.segment(), 2u);
+      const v1::SegmentRef& segment = compact.segments(static_cast<int>(placement.segment()));
+      EXPECT_EQ(segment.name(), want.segment_name());
+      EXPECT_EQ(segment.endpoint(), want.endpoint());
+      EXPECT_EQ(segment.host(), want.host());
+      EXPECT_EQ(segment.incarnation(), want.incarnation());
+      EXPECT_EQ(placement.offset(), want.offset());
+      EXPECT_EQ(placement.length(), values[i].size());
+      EXPECT_EQ(placement.length(), want.length());
+      ASSERT_EQ(placement.token().size(), 32u);
+      // Without tokens: the same replica, its token left out.
+      const v1::CompactPlacement& untokened = bare.results(static_cast<int>(i)).compact_replicas(j);
+      EXPECT_EQ(bare.segments(static_cast<int>(untokened.segment())).name(), segment.name());
+      EXPECT_EQ(untokened.offset(), placement.offset());
+      EXPECT_TRUE(untokened.token().empty());
+      // The token is this range's: the segment serves the value's bytes for it.
+      std::string back(values[i].size(), '\0');
+      client::TransferOp read{.opcode = wire::Opcode::kRead,
+                              .endpoint = segment.endpoint(),
+                              .offset = placement.offset(),
+                              .length = placement.length(),
+                              .iov = {{back.data(), back.size()}}};
+      std::memcpy(read.token.data(), placement.token().data(), read.token.size());
+      transport.Execute(absl::MakeSpan(&read, 1), absl::Now() + absl::Seconds(5));
+      ASSERT_TRUE(read.status.ok()) << read.status;
+      EXPECT_TRUE(back == values[i]) << "replica " << j << " came back different";
+    }
+  }
+
+  // Through the client, which asks in the compact form: the same locations.
+  std::vector<absl::StatusOr<std::vector<ReplicaLocation>>> located =
+      client_->BatchReplicaLocations(keys);
+  ASSERT_EQ(located.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    SCOPED_TRACE(keys[i]);
+    if (replicas[i] == 0) {
+      EXPECT_EQ(ToErrorCode(located[i].status()), v1::OBJECT_NOT_FOUND);
+      continue;
+    }
+    ASSERT_TRUE(located[i].ok()) << located[i].status();
+    ASSERT_EQ(located[i]->size(), static_cast<size_t>(replicas[i]));
+    for (int j = 0; j < replicas[i]; ++j) {
+      const v1::Placement& want = full.results(static_cast<int>(i)).replicas(j);
+      EXPECT_EQ((*located[i])[j].segment_name, want.segment_name());
+      EXPECT_EQ((*located[i])[j].endpoint, want.endpoint());
+      EXPECT_EQ((*located[i])[j].offset, want.offset());
+      EXPECT_EQ((*located[i])[j].length, want.length());
+    }
+  }
+  // And the mapped pools' bytes (the segments' host and incarnation checked against the
+  // client's mappings).
+  absl::Time lease_expiry;
+  std::vector<absl::StatusOr<LocalValue>> local = client_->BatchGetLocal(keys, &lease_expiry);
+  ASSERT_EQ(local.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    SCOPED_TRACE(keys[i]);
+    if (replicas[i] == 0) {
+      EXPECT_EQ(ToErrorCode(local[i].status()), v1::OBJECT_NOT_FOUND);
+      continue;
+    }
+    ASSERT_TRUE(local[i].ok()) << local[i].status();
+    ASSERT_EQ(local[i]->size, values[i].size());
+    EXPECT_TRUE(std::string(reinterpret_cast<const char*>(local[i]->data), local[i]->size) ==
+                values[i]);
+  }
 }
 
 TEST_F(PoolTest, ReplicasLiveOnDistinctSegmentsAndSurviveLosingOne) {

@@ -1,7 +1,11 @@
 #include "server/master/grpc_service.h"
 
 #include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "proto/busy_ranges.h"
 #include "proto/error_codes.h"
@@ -57,6 +61,36 @@ void ToProto(const PlacementView& placement, v1::Placement* out) {
   out->set_host(placement.host);
   out->set_incarnation(placement.incarnation);
 }
+
+// The segment table of a compact BatchGetReplicaList answer (compact_placements): the first
+// replica on a segment adds it to response->segments, every replica names it by index. The
+// placements it is given must outlive it (it keys on their segment names, copying none).
+class SegmentTable {
+ public:
+  explicit SegmentTable(v1::BatchGetReplicaListResponse* response) : response_(response) {}
+
+  void Add(const PlacementView& placement, v1::CompactPlacement* out) {
+    auto [it, added] = index_.try_emplace(
+        std::make_pair(std::string_view(placement.segment_name), placement.incarnation),
+        static_cast<uint32_t>(response_->segments_size()));
+    if (added) {
+      v1::SegmentRef* segment = response_->add_segments();
+      segment->set_name(placement.segment_name);
+      segment->set_endpoint(placement.endpoint);
+      segment->set_host(placement.host);
+      segment->set_incarnation(placement.incarnation);
+    }
+    out->set_segment(it->second);
+    out->set_offset(placement.offset);
+    out->set_length(placement.length);
+    if (placement.token) out->set_token(placement.token->data(), placement.token->size());
+  }
+
+ private:
+  v1::BatchGetReplicaListResponse* response_;
+  // (segment name, incarnation) -> index in response_->segments.
+  absl::flat_hash_map<std::pair<std::string_view, uint64_t>, uint32_t> index_;
+};
 
 void ToProto(const SegmentSummary& segment, v1::SegmentStatus* out) {
   out->set_name(segment.name);
@@ -392,11 +426,16 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
   if (!caller.ok()) return call.Finish(caller.status());
   if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
   absl::Time now = absl::Now();
-  std::vector<int32_t> codes;
   std::vector<std::string> keys = ToKeys(request->keys());
   if (absl::Status scoped = ScopeKeys(*caller, keys); !scoped.ok()) return call.Finish(scoped);
-  for (const GetResult& result : master_.BatchGetReplicaList(
-           keys, request->without_tokens() ? ReadTokens::kLeftOut : ReadTokens::kMinted)) {
+  const std::vector<GetResult> results = master_.BatchGetReplicaList(
+      keys, request->without_tokens() ? ReadTokens::kLeftOut : ReadTokens::kMinted);
+  std::vector<int32_t> codes;
+  codes.reserve(results.size());
+  response->mutable_results()->Reserve(static_cast<int>(results.size()));
+  std::optional<SegmentTable> table;
+  if (request->compact_placements()) table.emplace(response);
+  for (const GetResult& result : results) {
     codes.push_back(ToErrorCode(result.status));
     v1::GetResult* out = response->add_results();
     out->set_code(codes.back());
@@ -409,7 +448,11 @@ grpc::ServerUnaryReactor* MasterGrpcService::BatchGetReplicaList(
     out->set_lease_ttl_ms(static_cast<uint32_t>(
         std::max<int64_t>(0, absl::ToInt64Milliseconds(result.lease_expiry - now))));
     for (const PlacementView& placement : result.replicas) {
-      ToProto(placement, out->add_replicas());
+      if (table) {
+        table->Add(placement, out->add_compact_replicas());
+      } else {
+        ToProto(placement, out->add_replicas());
+      }
     }
   }
   metrics_.RecordKeyCodes(Rpc::kBatchGetReplicaList, codes);
