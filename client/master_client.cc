@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/arena.h"
 #include "kvpool/v1/master.grpc.pb.h"
 #include "proto/channel.h"
 #include "proto/error_codes.h"
@@ -152,17 +153,26 @@ class GrpcMasterClient final : public MasterClient {
   using Method = grpc::Status (v1::MasterService::Stub::*)(grpc::ClientContext*, const Request&,
                                                            Response*);
 
+  // The answer into `*response` (which may live on an arena, as the caller's).
+  template <typename Request, typename Response>
+  absl::Status CallInto(Method<Request, Response> method, const Request& request,
+                        absl::Duration timeout, Response* response, bool wait_for_ready = false);
   template <typename Request, typename Response>
   absl::StatusOr<Response> Call(Method<Request, Response> method, const Request& request,
-                                absl::Duration timeout, bool wait_for_ready = false);
+                                absl::Duration timeout, bool wait_for_ready = false) {
+    Response response;
+    absl::Status status = CallInto(method, request, timeout, &response, wait_for_ready);
+    if (!status.ok()) return status;
+    return response;
+  }
   template <typename Request, typename Response>
   absl::StatusOr<Response> Call(Method<Request, Response> method, const Request& request) {
     return Call(method, request, rpc_timeout_);
   }
-  // Call() among several masters.
+  // CallInto() among several masters.
   template <typename Request, typename Response>
-  absl::StatusOr<Response> CallLeader(Method<Request, Response> method, const Request& request,
-                                      absl::Duration timeout);
+  absl::Status CallLeader(Method<Request, Response> method, const Request& request,
+                          absl::Duration timeout, Response* response);
   // The leader's status where a standby answered and named it.
   absl::StatusOr<v1::GetClusterStatusResponse> LeaderStatus();
 
@@ -192,25 +202,23 @@ void GrpcMasterClient::Reconnect() {
 }
 
 template <typename Request, typename Response>
-absl::StatusOr<Response> GrpcMasterClient::Call(Method<Request, Response> method,
-                                                const Request& request, absl::Duration timeout,
-                                                bool wait_for_ready) {
-  if (!locator_->single()) return CallLeader(method, request, timeout);
+absl::Status GrpcMasterClient::CallInto(Method<Request, Response> method, const Request& request,
+                                        absl::Duration timeout, Response* response,
+                                        bool wait_for_ready) {
+  if (!locator_->single()) return CallLeader(method, request, timeout, response);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context.set_wait_for_ready(wait_for_ready);
   AttachToken(context, auth_token_);
-  Response response;
-  grpc::Status status = (Stub().get()->*method)(&context, request, &response);
+  grpc::Status status = (Stub().get()->*method)(&context, request, response);
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Reconnect();
   if (!status.ok()) return FromGrpcStatus(status);
-  return response;
+  return absl::OkStatus();
 }
 
 template <typename Request, typename Response>
-absl::StatusOr<Response> GrpcMasterClient::CallLeader(Method<Request, Response> method,
-                                                      const Request& request,
-                                                      absl::Duration timeout) {
+absl::Status GrpcMasterClient::CallLeader(Method<Request, Response> method, const Request& request,
+                                          absl::Duration timeout, Response* response) {
   absl::Time deadline = absl::Now() + timeout;
   // Masters that failed this call without a standby's answer: not sent it again.
   std::vector<std::string> unanswered;
@@ -232,11 +240,11 @@ absl::StatusOr<Response> GrpcMasterClient::CallLeader(Method<Request, Response> 
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     AttachToken(context, auth_token_);
-    Response response;
+    response->Clear();
     std::unique_ptr<v1::MasterService::Stub> stub =
         v1::MasterService::NewStub(locator_->Channel(address));
-    last = (stub.get()->*method)(&context, request, &response);
-    if (last.ok()) return response;
+    last = (stub.get()->*method)(&context, request, response);
+    if (last.ok()) return absl::OkStatus();
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
         last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       break;
@@ -268,9 +276,15 @@ absl::Status GrpcMasterClient::WaitForMaster(absl::Duration timeout) {
     absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline && !status.ok()) {
       absl::SleepFor(absl::Milliseconds(100));
-      status = CallLeader(&v1::MasterService::Stub::GetClusterStatus,
-                          v1::GetClusterStatusRequest(),
-                          std::min(rpc_timeout_, deadline - absl::Now()));
+      v1::GetClusterStatusResponse answer;
+      absl::Status called =
+          CallLeader(&v1::MasterService::Stub::GetClusterStatus, v1::GetClusterStatusRequest(),
+                     std::min(rpc_timeout_, deadline - absl::Now()), &answer);
+      if (called.ok()) {
+        status = std::move(answer);
+      } else {
+        status = called;
+      }
       if (absl::IsUnauthenticated(status.status()) ||
           absl::IsPermissionDenied(status.status())) {
         return status.status();
@@ -360,29 +374,35 @@ absl::Status GrpcMasterClient::BatchPutRevoke(absl::Span<const PutEnd> items) {
 
 absl::StatusOr<std::vector<Location>> GrpcMasterClient::BatchGetReplicaList(
     absl::Span<const std::string> keys, const LocateOptions& options) {
-  v1::BatchGetReplicaListRequest request;
-  request.mutable_keys()->Reserve(static_cast<int>(keys.size()));
-  for (const std::string& key : keys) request.add_keys(key);
-  request.set_without_tokens(!options.tokens);
+  // The request and the answer live on an arena: a string per key, a message per key and per
+  // replica, all freed at once.
+  google::protobuf::Arena arena;
+  auto* request = google::protobuf::Arena::CreateMessage<v1::BatchGetReplicaListRequest>(&arena);
+  request->mutable_keys()->Reserve(static_cast<int>(keys.size()));
+  for (const std::string& key : keys) request->add_keys(key);
+  request->set_without_tokens(!options.tokens);
   // Each segment named once per answer; a master from before answers full placements, which
   // are read as well.
-  request.set_compact_placements(true);
+  request->set_compact_placements(true);
+  auto* answer = google::protobuf::Arena::CreateMessage<v1::BatchGetReplicaListResponse>(&arena);
   absl::Time asked = absl::Now();
-  absl::StatusOr<v1::BatchGetReplicaListResponse> answer =
-      Call(&v1::MasterService::Stub::BatchGetReplicaList, request,
-           std::min(rpc_timeout_, options.timeout.value_or(rpc_timeout_)));
-  if (!answer.ok()) return answer.status();
+  if (absl::Status called =
+          CallInto(&v1::MasterService::Stub::BatchGetReplicaList, *request,
+                   std::min(rpc_timeout_, options.timeout.value_or(rpc_timeout_)), answer);
+      !called.ok()) {
+    return called;
+  }
   if (answer->results_size() != static_cast<int>(keys.size())) {
     return CountMismatch(answer->results_size(), keys.size());
   }
-  // The compact answer's segment table, converted once (its strings moved out of the answer):
-  // each replica starts as a copy of its segment's entry.
+  // The compact answer's segment table, converted once: each replica starts as a copy of its
+  // segment's entry.
   std::vector<Placement> segments;
   segments.reserve(answer->segments_size());
-  for (v1::SegmentRef& segment : *answer->mutable_segments()) {
-    segments.push_back(Placement{.segment_name = std::move(*segment.mutable_name()),
-                                 .endpoint = std::move(*segment.mutable_endpoint()),
-                                 .host = std::move(*segment.mutable_host()),
+  for (const v1::SegmentRef& segment : answer->segments()) {
+    segments.push_back(Placement{.segment_name = segment.name(),
+                                 .endpoint = segment.endpoint(),
+                                 .host = segment.host(),
                                  .incarnation = segment.incarnation()});
   }
   std::vector<Location> located(keys.size());
