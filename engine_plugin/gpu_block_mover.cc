@@ -257,10 +257,10 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   if (!force_remote_) {
     for (const auto& [first, n] : spans) {
       std::vector<uint64_t> sizes(n, bytes_per_block_);
-      reserving.push_back(std::async(std::launch::async,
-                                     [this, k = keys.subspan(first, n), sizes = std::move(sizes)] {
-                                       return client_.BatchReserveLocal(k, sizes);
-                                     }));
+      reserving.push_back(
+          round_trips_.Async([this, k = keys.subspan(first, n), sizes = std::move(sizes)] {
+            return client_.BatchReserveLocal(k, sizes);
+          }));
     }
   }
   // Waits for the batch's copy, then commits it with the checksums the GPU computed.
@@ -323,7 +323,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     }
     if (batch->ids.empty()) continue;
     if (batches.empty()) times.to_first_copy += absl::Now() - clock.start();
-    committing.push_back(std::async(std::launch::async, commit, std::ref(*batch)));
+    committing.push_back(round_trips_.Async([&commit, &batch = *batch] { commit(batch); }));
     batches.push_back(std::move(batch));
   }
   clock.Charge(times.launch);
@@ -517,19 +517,18 @@ std::vector<GpuBlockMover::Located> GpuBlockMover::LocateBatches(
       batch.values = ready.get_future();
       continue;
     }
-    batch.values = std::async(
-        std::launch::async, [this, k = keys.subspan(batch.first, batch.n), &batch, expiry,
-                             values = std::move(values), ask = std::move(ask)]() mutable {
-          std::vector<std::string> asked;
-          asked.reserve(ask.size());
-          for (size_t i : ask) asked.push_back(k[i]);
-          absl::Time asked_expiry = absl::InfiniteFuture();
-          std::vector<absl::StatusOr<LocalValue>> answered =
-              client_.BatchGetLocal(asked, &asked_expiry);
-          for (size_t j = 0; j < ask.size(); ++j) values[ask[j]] = std::move(answered[j]);
-          batch.lease_expiry = std::min(expiry, asked_expiry);
-          return std::move(values);
-        });
+    batch.values = round_trips_.Async([this, k = keys.subspan(batch.first, batch.n), &batch, expiry,
+                                       values = std::move(values), ask = std::move(ask)]() mutable {
+      std::vector<std::string> asked;
+      asked.reserve(ask.size());
+      for (size_t i : ask) asked.push_back(k[i]);
+      absl::Time asked_expiry = absl::InfiniteFuture();
+      std::vector<absl::StatusOr<LocalValue>> answered =
+          client_.BatchGetLocal(asked, &asked_expiry);
+      for (size_t j = 0; j < ask.size(); ++j) values[ask[j]] = std::move(answered[j]);
+      batch.lease_expiry = std::min(expiry, asked_expiry);
+      return std::move(values);
+    });
   }
   return located;
 }

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/task_pool.h"
 #include "engine_plugin/block_transfer.h"
 #include "engine_plugin/kv_cache_layout.h"
 #include "kernels/block_copy.cuh"
@@ -81,6 +82,10 @@ struct GpuBlockMoverOptions {
   size_t first_batch_blocks = 32;
   size_t batch_blocks = 128;
   size_t last_batch_blocks = 0;
+  // Threads kept parked for the batches' round trips (reservations, commits, lookups), so that
+  // a call wakes one instead of starting one per batch. A call of more batches than this (a
+  // 4 GiB load of 2 MiB blocks is 17) queues the rest behind the first.
+  int round_trip_threads = 32;
 };
 
 // Where a direction's calls spent their time so far (wall clock of the calling thread):
@@ -186,7 +191,7 @@ class GpuBlockMover : public BlockTransfer {
   };
   // [first, count) of each batch of a call of `count` keys (the options' batch sizes).
   std::vector<std::pair<size_t, size_t>> Batches(size_t count) const;
-  // Asks the master for every batch at once, each on a thread of its own, for the keys whose
+  // Asks the master for every batch at once, each on a thread of round_trips_, for the keys whose
   // location Locate did not keep (`kept`: take those). None with force_remote. The Located
   // must not move until its values are taken.
   std::vector<Located> LocateBatches(absl::Span<const std::string> keys,
@@ -219,7 +224,8 @@ class GpuBlockMover : public BlockTransfer {
         gpu_checksums_(gpu_checksums),
         first_batch_(std::max<size_t>(1, options.first_batch_blocks)),
         batch_(std::max<size_t>(1, options.batch_blocks)),
-        last_batch_(options.last_batch_blocks) {}
+        last_batch_(options.last_batch_blocks),
+        round_trips_(std::max(1, options.round_trip_threads)) {}
   absl::Status SetUp(Direction& direction, cudaStream_t stream, uint64_t pinned_bytes);
   // Registers pools mapped since the last call with the CUDA driver.
   absl::Status RegisterNewPools() ABSL_LOCKS_EXCLUDED(pools_mu_);
@@ -267,6 +273,8 @@ class GpuBlockMover : public BlockTransfer {
   absl::flat_hash_set<uint8_t*> registered_ ABSL_GUARDED_BY(pools_mu_);
   // The pools this mover registered itself (so only these are unregistered at the end).
   std::vector<uint8_t*> owned_registrations_ ABSL_GUARDED_BY(pools_mu_);
+  // Last: its threads are joined first, while everything their tasks touch still exists.
+  TaskPool round_trips_;
 };
 
 }  // namespace kvpool::engine
