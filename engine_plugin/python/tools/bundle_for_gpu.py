@@ -14,7 +14,7 @@ else comes prebuilt from this build tree:
     static/         kvpool's static libraries the module links (debug info stripped)
     lib/            the shared libraries the module and the two servers load (bundle-libs rule:
                     all but glibc's, the compiler runtime's and the driver's), by soname
-    bin/            kvpool-master, kvpool-segment (stripped)
+    bin/            kvpool-master, kvpool-segment, kvpool-bench (stripped)
     link.args       the module's link line, rewritten to the files above
 
     engine_plugin/python/tools/bundle_for_gpu.py [DIR]   (default: .devcarry/py-gpu)
@@ -152,11 +152,13 @@ def main():
     # (KVPOOL_SERVER_BUILD_DIR: another build tree of the same server sources, if this one
     # did not build the servers.)
     servers = os.environ.get("KVPOOL_SERVER_BUILD_DIR", BUILD)
-    for name, rel in (("kvpool-master", "server/master/kvpool-master"),
-                      ("kvpool-segment", "server/segment/kvpool-segment")):
+    binaries = (("kvpool-master", "server/master/kvpool-master"),
+                ("kvpool-segment", "server/segment/kvpool-segment"),
+                ("kvpool-bench", "client/kvpool-bench"))
+    for name, rel in binaries:
         run("strip", "-o", os.path.join(bundle, "bin", name), os.path.join(servers, rel))
-    for binary in ([module] if module else []) + [os.path.join(bundle, "bin", "kvpool-master"),
-                   os.path.join(bundle, "bin", "kvpool-segment")]:
+    for binary in ([module] if module else []) + [os.path.join(bundle, "bin", name)
+                                                  for name, _ in binaries]:
         for line in run("ldd", binary).splitlines():
             m = re.search(r"=> (/\S+)", line)
             if m and not SYSTEM.search(m.group(1)) and "/cuda/" not in m.group(1):

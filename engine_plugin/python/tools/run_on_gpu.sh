@@ -6,10 +6,13 @@
 # and JSON go to $OUT (default ./py-gpu-out): machine.txt, build.log, test_gpu.log, bench.log,
 # bench.md, bench.json, example.log.
 #
-#   engine_plugin/python/tools/run_on_gpu.sh BUNDLE [build] [test] [example] [bench]
+#   engine_plugin/python/tools/run_on_gpu.sh BUNDLE [host] [build] [test] [example] [bench]
 #                                            [-- BENCH_ARGS...]
 #   (default: build test example bench; example: examples/gpu_prefix_from_pool.py --start-pool,
-#   a producer and a consumer process over a Llama-3.1-8B-shaped model)
+#   a producer and a consumer process over a Llama-3.1-8B-shaped model; host: what this
+#   machine charges for the round trips at a store's and a load's ends, into host.log:
+#   starting and waking a thread, a loopback TCP round trip, a call to the master, a 2 MiB x 32
+#   shared-memory put)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 bundle=$(cd "${1:?usage: run_on_gpu.sh BUNDLE [steps]}" && pwd)
@@ -33,6 +36,20 @@ rc=0
   python3 -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
   g++ --version | head -n1
 } 2>&1 | tee "$out/machine.txt"
+
+if has host; then
+  {
+    uname -r; nproc; grep -m1 'model name' /proc/cpuinfo
+    g++ -O2 -pthread -o "$work/thread_start" "$root/engine_plugin/python/tools/thread_start.cc" &&
+      "$work/thread_start"
+    b=("$bundle/bin/kvpool-bench" --start-pool --segments=1 --duration=3s --quiet-below=0)
+    "${b[@]}" --pool-size=256MiB --transport=tcp --workloads=get --value-size=4KiB \
+      --batch-size=1 --keys=1024 --baselines=tcp
+    "${b[@]}" --pool-size=256MiB --workloads=meta-exist --batch-size=1 --baselines=none
+    "${b[@]}" --pool-size=4GiB --transport=shm --workloads=put --value-size=2MiB \
+      --batch-size=32 --baselines=none
+  } 2>&1 | tee "$out/host.log" | grep -v '^\s*$' | tail -n 60
+fi
 
 if has build; then
   ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
