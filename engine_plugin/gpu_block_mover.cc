@@ -1,8 +1,9 @@
 #include "engine_plugin/gpu_block_mover.h"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -72,7 +73,13 @@ absl::StatusOr<std::unique_ptr<GpuBlockMover>> GpuBlockMover::Create(
     }
   }
   const uint64_t pinned = std::max(options.pinned_staging_bytes, mover->bytes_per_block_);
-  if (absl::Status s = mover->SetUp(mover->store_, options.store_stream, pinned); !s.ok()) return s;
+  // A store's first batch is staged whole (StoreBlocks), up to 256 MiB of it.
+  const uint64_t store_pinned = std::max<uint64_t>(
+      pinned, std::min<uint64_t>(options.staged_first_batch_blocks * mover->bytes_per_block_,
+                                 uint64_t{256} << 20));
+  if (absl::Status s = mover->SetUp(mover->store_, options.store_stream, store_pinned); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = mover->SetUp(mover->load_, options.load_stream, pinned); !s.ok()) return s;
   client.MapLocalPools();
   if (absl::Status registered = mover->RegisterNewPools(); !registered.ok()) return registered;
@@ -136,6 +143,21 @@ absl::Status GpuBlockMover::LaunchChecksums(Direction& direction, const Batch& b
   }
   if (e == cudaSuccess) e = cudaEventRecord(batch.summed, direction.sum_stream);
   return e == cudaSuccess ? absl::OkStatus() : CudaError("checksumming blocks", e);
+}
+
+void GpuBlockMover::CopyIntoPool(const Batch& batch) {
+  // A few threads (the head is 128 MiB by default, a core copies a few GB/s): this batch's
+  // commit should be done long before the last batch's copy ends.
+  constexpr size_t kParts = 4;
+  std::vector<std::function<void()>> parts;
+  for (size_t part = 0; part < kParts; ++part) {
+    parts.push_back([this, &batch, part] {
+      for (size_t k = part; k < batch.sources.size(); k += kParts) {
+        std::memcpy(batch.objects[k], batch.sources[k], bytes_per_block_);
+      }
+    });
+  }
+  round_trips_.Run(std::move(parts));
 }
 
 GpuBlockMover::~GpuBlockMover() {
@@ -250,9 +272,29 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   }
   // Every batch's reservation is asked for at once (the master answers them side by side),
   // each batch's copy queued on the GPU as soon as its space is known, and each batch
-  // committed (after its copy) on a thread of its own, so that round trips overlap the copies
-  // and each other: what remains in sight is the first reservation and the last commit.
-  const std::vector<std::pair<size_t, size_t>> spans = Batches(keys.size());
+  // committed (after its copy) on a thread of round_trips_, so that round trips overlap the
+  // copies and each other. The head (the first batch) does not wait for its space: the GPU
+  // copies it into the pinned buffer now, and its commit task copies it into the pool. What
+  // remains in sight is the last commit.
+  const bool staging = staged_first_batch_ > 0 && !force_remote_;
+  const std::vector<std::pair<size_t, size_t>> spans =
+      Batches(keys.size(), staging ? staged_first_batch_ : first_batch_);
+  std::unique_ptr<Batch> head;
+  if (staging && !spans.empty() && spans[0].second * bytes_per_block_ <= store_.pinned_bytes) {
+    head = std::make_unique<Batch>();
+    for (size_t i = 0; i < spans[0].second; ++i) {
+      head->ids.push_back(block_ids[i]);
+      head->objects.push_back(store_.pinned + i * bytes_per_block_);
+    }
+    if (gpu_sums) head->sums = store_.sums;
+    absl::Status launched = Launch(store_, *head, kernels::CopyDirection::kDeviceToHost);
+    if (launched.ok()) launched = LaunchChecksums(store_, *head, /*after_copy=*/false);
+    if (launched.ok()) {
+      times.to_first_copy += absl::Now() - clock.start();
+    } else {
+      head.reset();  // the head goes the way of the other batches (and meets the error there)
+    }
+  }
   std::vector<std::future<std::vector<absl::StatusOr<LocalReservation>>>> reserving;
   if (!force_remote_) {
     for (const auto& [first, n] : spans) {
@@ -263,10 +305,12 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
           }));
     }
   }
-  // Waits for the batch's copy, then commits it with the checksums the GPU computed.
+  // Waits for the batch's copy (the head's: then copies it into the pool), then commits it
+  // with the checksums the GPU computed.
   auto commit = [this, &results](Batch& batch) {
     cudaError_t e = cudaEventSynchronize(batch.done);
     if (e == cudaSuccess && batch.sums != nullptr) e = cudaEventSynchronize(batch.summed);
+    if (e == cudaSuccess && !batch.sources.empty()) CopyIntoPool(batch);
     batch.copied = absl::Now();
     if (e != cudaSuccess) {
       client_.BatchAbandonLocal(batch.reservations);
@@ -275,7 +319,8 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     }
     if (batch.sums != nullptr) {
       for (size_t k = 0; k < batch.reservations.size(); ++k) {
-        batch.reservations[k].checksum = batch.sums[k];
+        batch.reservations[k].checksum =
+            batch.sums[batch.sum_index.empty() ? k : batch.sum_index[k]];
       }
     }
     std::vector<absl::Status> committed = client_.BatchCommitLocal(batch.reservations);
@@ -289,8 +334,14 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     std::vector<absl::StatusOr<LocalReservation>> reserved = reserving[b].get();
     clock.Charge(times.master);
     absl::Status registered = RegisterNewPools();
-    auto batch = std::make_unique<Batch>();
-    if (gpu_sums) batch->sums = store_.sums + first;
+    const bool staged = b == 0 && head != nullptr;
+    std::unique_ptr<Batch> batch = staged ? std::move(head) : std::make_unique<Batch>();
+    if (staged) {
+      batch->ids.clear();
+      batch->objects.clear();
+    } else if (gpu_sums) {
+      batch->sums = store_.sums + first;
+    }
     for (size_t i = 0; i < n; ++i) {
       if (!reserved[i].ok()) {
         // Already in the pool counts as stored (dedup); space only on another machine goes
@@ -309,20 +360,34 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
       batch->ids.push_back(block_ids[first + i]);
       batch->objects.push_back(reserved[i]->data);
       batch->owners.push_back(first + i);
+      if (staged) {
+        batch->sources.push_back(store_.pinned + i * bytes_per_block_);
+        batch->sum_index.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    if (staged && batch->ids.empty()) {
+      // Nothing of the head to write (all stored already, or elsewhere): its copy into the
+      // pinned buffer and its checksums may still run; they end before the buffers are reused.
+      cudaEventSynchronize(batch->done);
+      if (batch->sums != nullptr) cudaEventSynchronize(batch->summed);
+      continue;
     }
     // Step P2 for a GPU cache: the GPU hashes each block where it is and writes it straight
-    // into its reserved space.
-    absl::Status launched =
-        registered.ok() ? Launch(store_, *batch, kernels::CopyDirection::kDeviceToHost)
-                        : registered;
-    if (launched.ok()) launched = LaunchChecksums(store_, *batch, /*after_copy=*/false);
+    // into its reserved space (the head is in the pinned buffer already).
+    absl::Status launched = staged ? absl::OkStatus()
+                            : registered.ok()
+                                ? Launch(store_, *batch, kernels::CopyDirection::kDeviceToHost)
+                                : registered;
+    if (launched.ok() && !staged) {
+      launched = LaunchChecksums(store_, *batch, /*after_copy=*/false);
+    }
     if (!launched.ok()) {
       client_.BatchAbandonLocal(batch->reservations);
       for (size_t owner : batch->owners) results[owner] = launched;
       continue;
     }
     if (batch->ids.empty()) continue;
-    if (batches.empty()) times.to_first_copy += absl::Now() - clock.start();
+    if (batches.empty() && !staged) times.to_first_copy += absl::Now() - clock.start();
     committing.push_back(round_trips_.Async([&commit, &batch = *batch] { commit(batch); }));
     batches.push_back(std::move(batch));
   }
@@ -398,7 +463,7 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
   }
   // Every batch is located at once (the master answers side by side), and each batch's copy
   // queued on the stream as soon as it is located; one wait at the end.
-  std::vector<Located> locating = LocateBatches(keys, Batches(keys.size()));
+  std::vector<Located> locating = LocateBatches(keys, Batches(keys.size(), first_batch_));
   std::vector<std::unique_ptr<Batch>> launched;
   for (Located& batch_located : locating) {
     const size_t first = batch_located.first;
@@ -472,9 +537,10 @@ std::vector<absl::Status> GpuBlockMover::LoadBlocks(absl::Span<const std::string
   return results;
 }
 
-std::vector<std::pair<size_t, size_t>> GpuBlockMover::Batches(size_t count) const {
+std::vector<std::pair<size_t, size_t>> GpuBlockMover::Batches(size_t count,
+                                                              size_t first_batch) const {
   // The last batch's size first (when limited), then the others from the front.
-  const size_t head = std::min(first_batch_, count);
+  const size_t head = std::min(std::max<size_t>(1, first_batch), count);
   const size_t last = last_batch_ == 0 || count - head <= last_batch_ ? 0 : last_batch_;
   std::vector<std::pair<size_t, size_t>> spans;
   for (size_t first = 0, n = 0; first < count - last; first += n) {
@@ -535,7 +601,8 @@ std::vector<GpuBlockMover::Located> GpuBlockMover::LocateBatches(
 
 std::optional<std::vector<bool>> GpuBlockMover::Locate(absl::Span<const std::string> keys) {
   if (force_remote_) return std::nullopt;
-  std::vector<Located> located = LocateBatches(keys, Batches(keys.size()), /*kept=*/false);
+  std::vector<Located> located =
+      LocateBatches(keys, Batches(keys.size(), first_batch_), /*kept=*/false);
   std::vector<bool> present(keys.size(), false);
   for (Located& batch : located) {
     std::vector<absl::StatusOr<LocalValue>> values = batch.values.get();
@@ -713,7 +780,7 @@ std::unique_ptr<LayerwiseLoad> GpuBlockMover::StartLayerwiseLoad(
   } else {
     // Every batch located at once (the master answers them side by side); a batch's head
     // blocks are copied as soon as it is located, while later batches are still looked up.
-    std::vector<Located> locating = LocateBatches(keys, Batches(keys.size()));
+    std::vector<Located> locating = LocateBatches(keys, Batches(keys.size(), first_batch_));
     for (Located& batch : locating) {
       std::vector<absl::StatusOr<LocalValue>> located = batch.values.get();
       load->lease_expiry = std::min(load->lease_expiry, batch.lease_expiry);

@@ -148,16 +148,20 @@ def test_mixed_cpu_and_gpu_caches_are_refused(pool, open_store):
     worker.close()
 
 
-@pytest.mark.parametrize("plan", [{}, dict(first_batch_blocks=3, batch_blocks=5, last_batch_blocks=2),
-                                  dict(first_batch_blocks=1, batch_blocks=1, last_batch_blocks=1)],
-                         ids=["default", "3-5-2", "one-by-one"])
+@pytest.mark.parametrize("plan", [{}, dict(first_batch_blocks=3, batch_blocks=5, last_batch_blocks=2,
+                                           staged_first_batch_blocks=3),
+                                  dict(first_batch_blocks=1, batch_blocks=1, last_batch_blocks=1,
+                                       staged_first_batch_blocks=1),
+                                  dict(staged_first_batch_blocks=0)],
+                         ids=["default", "3-5-2", "one-by-one", "unstaged"])
 def test_gpu_cache_round_trips_through_shared_memory(pool, open_store, plan):
     store = open_store(pool.master())
     blocks, block_size = 64, 16
     cache = torch.randn(2, blocks, block_size, 8, 128, dtype=torch.bfloat16, device="cuda")
     original = cache.clone()
     mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size, **plan)
-    keys = [f"gpu/{plan.get('batch_blocks', 0)}/{i}" for i in range(blocks)]
+    keys = [f"gpu/{plan.get('batch_blocks', 0)}/{plan.get('staged_first_batch_blocks')}/{i}"
+            for i in range(blocks)]
     assert mover.store_blocks(keys, list(range(blocks))) == [0] * blocks
     cache.zero_()
     assert mover.load_blocks(keys, list(range(blocks))) == [0] * blocks
@@ -167,6 +171,26 @@ def test_gpu_cache_round_trips_through_shared_memory(pool, open_store, plan):
     assert mover.load_blocks(keys, list(reversed(range(blocks)))) == [0] * blocks
     torch.cuda.synchronize()
     assert torch.equal(cache, original.flip(1))
+
+
+def test_store_head_keeps_each_block_with_its_key_when_some_are_stored_already(pool, open_store):
+    # A store's first batch (32 here) goes through the pinned buffer and the CPU: with every
+    # other key of it in the pool already (not written again), each new key must still get its
+    # own block; the batches after it are copied straight into the pool.
+    store = open_store(pool.master())
+    blocks, block_size = 64, 16
+    cache = torch.randn(2, blocks, block_size, 8, 128, dtype=torch.bfloat16, device="cuda")
+    original = cache.clone()
+    mover = kvpool.GpuBlockMover(store, [cache], blocks, block_size, staged_first_batch_blocks=32)
+    keys = [f"head/{i}" for i in range(blocks)]
+    early = list(range(0, 20, 2))
+    assert mover.store_blocks([keys[i] for i in early], early) == [0] * len(early)
+    cache[:, early] += 1  # what these keys would hold if they were written again
+    assert mover.store_blocks(keys, list(range(blocks))) == [0] * blocks
+    cache.zero_()
+    assert mover.load_blocks(keys, list(range(blocks))) == [0] * blocks
+    torch.cuda.synchronize()
+    assert torch.equal(cache, original)
 
 
 def test_located_keys_load_from_their_kept_locations(pool, open_store):

@@ -222,15 +222,17 @@ def bench_bandwidth(master, args):
 
 def bench_batching(store, cache, n, bs, ids_a, ids_b, pin, args):
     """The same 1 GiB store and load with movers that cut calls into other batches."""
-    say("### Batch plans (first:middle:last), same cache and pool")
+    say("### Batch plans (first:middle:last[:staged first batch of stores]), same cache and pool")
     say("| plan | store GB/s | x pinned | to first copy ms | after last copy ms | load GB/s | "
         "x pinned | load to first copy ms |")
     say("|---|---|---|---|---|---|---|---|")
     rows = []
     for plan in args.bw_batching.split(","):
-        first, middle, last = (int(x) for x in plan.split(":"))
+        fields = [int(x) for x in plan.split(":")]
+        first, middle, last = fields[:3]
+        staged = {"staged_first_batch_blocks": fields[3]} if len(fields) > 3 else {}
         mover = kvpool.GpuBlockMover(store, [cache], 2 * n, bs, first_batch_blocks=first,
-                                     batch_blocks=middle, last_batch_blocks=last)
+                                     batch_blocks=middle, last_batch_blocks=last, **staged)
         rep = [0]
 
         def do_store():
@@ -793,8 +795,8 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--bw-batching", default="",
                    help="also time stores and loads with other batch plans, comma-separated "
-                        "FIRST:MIDDLE:LAST (GpuBlockMover's first_batch_blocks, "
-                        "batch_blocks, last_batch_blocks)")
+                        "FIRST:MIDDLE:LAST[:STAGED] (GpuBlockMover's first_batch_blocks, "
+                        "batch_blocks, last_batch_blocks, staged_first_batch_blocks)")
     p.add_argument("--pool", default="10GiB")
     p.add_argument("--segment-arg", action="append", default=[],
                    help="a kvpool-segment flag, e.g. --segment-arg=--verify-commits=false")
