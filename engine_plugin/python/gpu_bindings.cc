@@ -438,10 +438,10 @@ void BindGpu(py::module_& m) {
                               "Moves blocks of a GPU KV cache to and from the pool: pools on this "
                               "machine (shared memory) in one copy each way, others through "
                               "pinned staging.")
-      .def(py::init([](PyStore& store, py::handle tensors, uint64_t num_blocks, uint32_t block_size,
-                       uintptr_t stream, bool force_remote, bool tcp, bool gpu_checksums,
-                       size_t first_batch_blocks, size_t batch_blocks, size_t last_batch_blocks,
-                       size_t staged_first_batch_blocks) {
+      .def(py::init([](PyStore& store, py::handle tensors, uint64_t num_blocks,
+                       uint32_t block_size, uintptr_t stream, bool force_remote, bool tcp,
+                       bool gpu_checksums, size_t first_batch_blocks, size_t batch_blocks,
+                       size_t last_batch_blocks, size_t staged_first_batch_blocks) {
              auto self = std::make_unique<PyGpuBlockMover>();
              self->store = store.store;
              if (self->store == nullptr) throw py::value_error("the store is not set up");
@@ -508,45 +508,42 @@ void BindGpu(py::module_& m) {
              py::gil_scoped_release release;
              return Codes(self.mover->LoadBlocks(keys, block_ids));
            })
-      .def(
-          "locate",
-          [](PyGpuBlockMover& self, const std::vector<std::string>& keys) {
-            py::gil_scoped_release release;
-            std::optional<std::vector<bool>> present = self.mover->Locate(keys);
-            return present.value_or(std::vector<bool>());
-          },
-          py::arg("keys"),
-          "Whether the pool holds each key; keeps the leased locations of keys on this "
-          "machine's pools for the next load of them (StoreWorker.lookup does this). [] with "
-          "force_remote or tcp.")
-      .def(
-          "phase_times",
-          [](PyGpuBlockMover& self) {
-            auto as_dict = [](const MoverPhaseTimes& t) {
-              py::dict d;
-              d["master_ms"] = absl::ToDoubleMilliseconds(t.master);
-              d["launch_ms"] = absl::ToDoubleMilliseconds(t.launch);
-              d["wait_ms"] = absl::ToDoubleMilliseconds(t.wait);
-              d["commit_ms"] = absl::ToDoubleMilliseconds(t.commit);
-              d["total_ms"] = absl::ToDoubleMilliseconds(t.total);
-              d["to_first_copy_ms"] = absl::ToDoubleMilliseconds(t.to_first_copy);
-              d["after_last_copy_ms"] = absl::ToDoubleMilliseconds(t.after_last_copy);
-              d["calls"] = t.calls;
-              d["blocks"] = t.blocks;
-              return d;
-            };
-            py::dict d;
-            d["store"] = as_dict(self.mover->store_times());
-            d["load"] = as_dict(self.mover->load_times());
-            return d;
-          },
-          "Where the calls spent their time so far, per direction (wall clock, ms): master "
-          "(reserve or locate), launch (queuing GPU work), wait (for the GPU), commit (stores); "
-          "of the total, to_first_copy (until the first copy was queued) and after_last_copy "
-          "(stores: from the last copy's end to the return).")
-      .def_property_readonly("bytes_per_block", [](const PyGpuBlockMover& self) {
-        return self.mover->bytes_per_block();
-      });
+      .def("locate",
+           [](PyGpuBlockMover& self, const std::vector<std::string>& keys) {
+             py::gil_scoped_release release;
+             std::optional<std::vector<bool>> present = self.mover->Locate(keys);
+             return present.value_or(std::vector<bool>());
+           },
+           py::arg("keys"),
+           "Whether the pool holds each key; keeps the leased locations of keys on this "
+           "machine's pools for the next load of them (StoreWorker.lookup does this). [] with "
+           "force_remote or tcp.")
+      .def("phase_times",
+           [](PyGpuBlockMover& self) {
+             auto as_dict = [](const MoverPhaseTimes& t) {
+               py::dict d;
+               d["master_ms"] = absl::ToDoubleMilliseconds(t.master);
+               d["launch_ms"] = absl::ToDoubleMilliseconds(t.launch);
+               d["wait_ms"] = absl::ToDoubleMilliseconds(t.wait);
+               d["commit_ms"] = absl::ToDoubleMilliseconds(t.commit);
+               d["total_ms"] = absl::ToDoubleMilliseconds(t.total);
+               d["to_first_copy_ms"] = absl::ToDoubleMilliseconds(t.to_first_copy);
+               d["after_last_copy_ms"] = absl::ToDoubleMilliseconds(t.after_last_copy);
+               d["calls"] = t.calls;
+               d["blocks"] = t.blocks;
+               return d;
+             };
+             py::dict d;
+             d["store"] = as_dict(self.mover->store_times());
+             d["load"] = as_dict(self.mover->load_times());
+             return d;
+           },
+           "Where the calls spent their time so far, per direction (wall clock, ms): master "
+           "(reserve or locate), launch (queuing GPU work), wait (for the GPU), commit (stores); "
+           "of the total, to_first_copy (until the first copy was queued) and after_last_copy "
+           "(stores: from the last copy's end to the return).")
+      .def_property_readonly("bytes_per_block",
+                             [](const PyGpuBlockMover& self) { return self.mover->bytes_per_block(); });
 #else
   m.attr("HAS_CUDA") = false;
 #endif
