@@ -276,11 +276,14 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   // copies and each other. The head (the first batch) does not wait for its space: the GPU
   // copies it into the pinned buffer now, and its commit task copies it into the pool. What
   // remains in sight is the last commit.
-  const bool staging = staged_first_batch_ > 0 && !force_remote_;
+  // (As many of staged_first_batch_ as the pinned buffer holds: it caps at 256 MiB.)
+  const size_t head_blocks =
+      std::min<size_t>(staged_first_batch_, store_.pinned_bytes / bytes_per_block_);
+  const bool staging = head_blocks > 0 && !force_remote_;
   const std::vector<std::pair<size_t, size_t>> spans =
-      Batches(keys.size(), staging ? staged_first_batch_ : first_batch_);
+      Batches(keys.size(), staging ? head_blocks : first_batch_);
   std::unique_ptr<Batch> head;
-  if (staging && !spans.empty() && spans[0].second * bytes_per_block_ <= store_.pinned_bytes) {
+  if (staging && !spans.empty()) {
     head = std::make_unique<Batch>();
     for (size_t i = 0; i < spans[0].second; ++i) {
       head->ids.push_back(block_ids[i]);

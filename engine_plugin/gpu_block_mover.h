@@ -86,8 +86,8 @@ struct GpuBlockMoverOptions {
   size_t last_batch_blocks = 0;
   // A store's first batch instead, copied into the pinned buffer before its space is known
   // (then into its space by the CPU, beside the later batches' copies), so that the GPU
-  // starts at once and has work until the next batches' space is known. 0: none (stores are
-  // cut as loads are). Measured on H100 hosts (docs/benchmarks.md): 64 blocks of 2 MiB
+  // starts at once and has work until the next batches' space is known (at most 256 MiB of
+  // blocks: fewer blocks of larger ones). 0: none (stores are cut as loads are). Measured on H100 hosts (docs/benchmarks.md): 64 blocks of 2 MiB
   // took a 1 GiB store from 0.78x-0.83x of a pinned copy to 0.87x-0.89x.
   size_t staged_first_batch_blocks = 64;
   // Threads kept parked for the batches' round trips (reservations, commits, lookups), so that
