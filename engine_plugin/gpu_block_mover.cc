@@ -152,8 +152,9 @@ void GpuBlockMover::CopyIntoPool(const Batch& batch) {
   std::vector<std::function<void()>> parts;
   for (size_t part = 0; part < kParts; ++part) {
     parts.push_back([this, &batch, part] {
-      for (size_t k = part; k < batch.sources.size(); k += kParts) {
-        std::memcpy(batch.objects[k], batch.sources[k], bytes_per_block_);
+      for (size_t k = part; k < batch.head_slot.size(); k += kParts) {
+        std::memcpy(batch.objects[k], store_.pinned + batch.head_slot[k] * bytes_per_block_,
+                    bytes_per_block_);
       }
     });
   }
@@ -313,7 +314,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
   auto commit = [this, &results](Batch& batch) {
     cudaError_t e = cudaEventSynchronize(batch.done);
     if (e == cudaSuccess && batch.sums != nullptr) e = cudaEventSynchronize(batch.summed);
-    if (e == cudaSuccess && !batch.sources.empty()) CopyIntoPool(batch);
+    if (e == cudaSuccess && !batch.head_slot.empty()) CopyIntoPool(batch);
     batch.copied = absl::Now();
     if (e != cudaSuccess) {
       client_.BatchAbandonLocal(batch.reservations);
@@ -323,7 +324,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     if (batch.sums != nullptr) {
       for (size_t k = 0; k < batch.reservations.size(); ++k) {
         batch.reservations[k].checksum =
-            batch.sums[batch.sum_index.empty() ? k : batch.sum_index[k]];
+            batch.sums[batch.head_slot.empty() ? k : batch.head_slot[k]];
       }
     }
     std::vector<absl::Status> committed = client_.BatchCommitLocal(batch.reservations);
@@ -363,10 +364,7 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
       batch->ids.push_back(block_ids[first + i]);
       batch->objects.push_back(reserved[i]->data);
       batch->owners.push_back(first + i);
-      if (staged) {
-        batch->sources.push_back(store_.pinned + i * bytes_per_block_);
-        batch->sum_index.push_back(static_cast<uint32_t>(i));
-      }
+      if (staged) batch->head_slot.push_back(static_cast<uint32_t>(i));
     }
     if (staged && batch->ids.empty()) {
       // Nothing of the head to write (all stored already, or elsewhere): its copy into the
@@ -377,12 +375,11 @@ std::vector<absl::Status> GpuBlockMover::StoreBlocks(absl::Span<const std::strin
     }
     // Step P2 for a GPU cache: the GPU hashes each block where it is and writes it straight
     // into its reserved space (the head is in the pinned buffer already).
-    absl::Status launched = staged ? absl::OkStatus()
-                            : registered.ok()
-                                ? Launch(store_, *batch, kernels::CopyDirection::kDeviceToHost)
-                                : registered;
-    if (launched.ok() && !staged) {
-      launched = LaunchChecksums(store_, *batch, /*after_copy=*/false);
+    absl::Status launched = absl::OkStatus();
+    if (!staged) {
+      launched = registered.ok() ? Launch(store_, *batch, kernels::CopyDirection::kDeviceToHost)
+                                 : registered;
+      if (launched.ok()) launched = LaunchChecksums(store_, *batch, /*after_copy=*/false);
     }
     if (!launched.ok()) {
       client_.BatchAbandonLocal(batch->reservations);

@@ -87,8 +87,9 @@ struct GpuBlockMoverOptions {
   // A store's first batch instead, copied into the pinned buffer before its space is known
   // (then into its space by the CPU, beside the later batches' copies), so that the GPU
   // starts at once and has work until the next batches' space is known (at most 256 MiB of
-  // blocks: fewer blocks of larger ones). 0: none (stores are cut as loads are). Measured on H100 hosts (docs/benchmarks.md): 64 blocks of 2 MiB
-  // took a 1 GiB store from 0.78x-0.83x of a pinned copy to 0.87x-0.89x.
+  // blocks: fewer blocks of larger ones). 0: none (stores are cut as loads are). Measured on
+  // H100 hosts (docs/benchmarks.md): 64 blocks of 2 MiB took 1 GiB stores from 0.78x-0.87x of
+  // a pinned copy to 0.87x-0.90x.
   size_t staged_first_batch_blocks = 64;
   // Threads kept parked for the batches' round trips (reservations, commits, lookups), so that
   // a call wakes one instead of starting one per batch. A call of more batches than this (a
@@ -191,11 +192,9 @@ class GpuBlockMover : public BlockTransfer {
     cudaEvent_t summed = nullptr;  // the checksums (when sums)
     absl::Time copied;             // stores: when the copy (and checksums) was seen done
     // A store's head (its first batch, StoreBlocks): the GPU copied its blocks into the pinned
-    // buffer before their space was known. sources[k] is where reservations[k]'s block waits
-    // there, copied into objects[k] by the CPU before the commit; sum_index[k] is its
-    // checksum's index in sums.
-    std::vector<const uint8_t*> sources;
-    std::vector<uint32_t> sum_index;
+    // buffer before their space was known. reservations[k]'s block is number head_slot[k] there
+    // (and its checksum sums[head_slot[k]]), copied into objects[k] by the CPU before the commit.
+    std::vector<uint32_t> head_slot;
   };
   // One batch's lookup on its way (LocateBatches): keys [first, first + n).
   struct Located {

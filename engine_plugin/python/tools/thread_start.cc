@@ -24,23 +24,39 @@ int main() {
     join.push_back(us(t1 - t0));
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  std::mutex mu; std::condition_variable cv; bool go = false, stop = false; Clock::time_point ran;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false, stop = false;
+  Clock::time_point ran;
   std::thread worker([&] {
     std::unique_lock<std::mutex> l(mu);
-    while (true) { cv.wait(l, [&] { return go || stop; }); if (stop) return; ran = Clock::now(); go = false; cv.notify_all(); }
+    while (true) {
+      cv.wait(l, [&] { return go || stop; });
+      if (stop) return;
+      ran = Clock::now();
+      go = false;
+      cv.notify_all();
+    }
   });
   for (int i = 0; i < 200; ++i) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     std::unique_lock<std::mutex> l(mu);
-    auto t0 = Clock::now(); go = true; cv.notify_all();
+    auto t0 = Clock::now();
+    go = true;
+    cv.notify_all();
     cv.wait(l, [&] { return !go; });
     wake.push_back(us(ran - t0));
   }
-  { std::lock_guard<std::mutex> l(mu); stop = true; cv.notify_all(); }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    stop = true;
+    cv.notify_all();
+  }
   worker.join();
   auto p = [](std::vector<double> v, const char* name) {
     std::sort(v.begin(), v.end());
-    std::printf("%-28s p50 %7.1f us  p90 %7.1f us  max %7.1f us\n", name, v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+    std::printf("%-28s p50 %7.1f us  p90 %7.1f us  max %7.1f us\n", name, v[v.size() / 2],
+                v[v.size() * 9 / 10], v.back());
   };
   p(spawn, "std::async: call to run");
   p(join, "std::async: call to joined");
