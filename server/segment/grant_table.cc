@@ -9,10 +9,14 @@
 namespace kvpool::segment {
 namespace {
 
-// Ended grants are pruned (those whose tokens all expired) once this many were added.
-constexpr uint64_t kPruneEvery = 4096;
 // Clocks of master and segment may differ a little.
 constexpr absl::Duration kClockSlack = absl::Seconds(5);
+
+// Unix milliseconds, rounded up (an ended grant is remembered a little longer, never less).
+int64_t CeilMillis(absl::Time t) {
+  const int64_t ms = absl::ToUnixMillis(t);
+  return absl::FromUnixMillis(ms) < t ? ms + 1 : ms;
+}
 
 }  // namespace
 
@@ -58,7 +62,7 @@ absl::Status GrantTable::CheckLocked(const wire::RequestHeader& request, absl::T
       return absl::FailedPreconditionError(
           "the grant of this token has ended (committed, revoked, reclaimed or removed)");
     }
-    if (!it->second.writes_only) {
+    if (!it->second.writes_only()) {
       return absl::FailedPreconditionError(
           "the grant of this token has ended (the object was removed or evicted)");
     }
@@ -183,10 +187,19 @@ std::optional<GrantTable::Landed> GrantTable::End(uint64_t grant, bool writes_on
     landed = written->second.landed;
     written_.erase(written);
   }
-  auto [it, inserted] = ended_.try_emplace(grant, Ended{writes_only, until});
+  const int64_t until_ms = CeilMillis(until);
+  auto [it, inserted] = ended_.try_emplace(grant, until_ms, writes_only);
+  if (inserted || until_ms > it->second.until_ms()) {
+    // (Grants end in about the order their tokens expire: the last bucket, mostly.)
+    auto bucket = !expiry_.empty() && expiry_.rbegin()->first == until_ms
+                      ? std::prev(expiry_.end())
+                      : expiry_.try_emplace(until_ms).first;
+    bucket->second.push_back(grant);
+    ++expiry_entries_;
+  }
   if (!inserted) {
-    it->second.writes_only = it->second.writes_only && writes_only;
-    it->second.until = std::max(it->second.until, until);
+    it->second = Ended(std::max(it->second.until_ms(), until_ms),
+                       it->second.writes_only() && writes_only);
   }
   auto [first, last] = writes_.equal_range(grant);
   bool deferred = false;
@@ -198,25 +211,38 @@ std::optional<GrantTable::Landed> GrantTable::End(uint64_t grant, bool writes_on
   }
   if (deferred) ++deferred_ends_;
   if (!writes_only && !reads_.empty()) CutReadsLocked(/*all=*/false, grant);
-  if (++ends_since_prune_ >= kPruneEvery || ended_.size() > max_ended_) {
-    PruneLocked(absl::Now());
-  }
-  if (ended_.size() > max_ended_) ForgetEarliestLocked();
+  PruneLocked(absl::Now());
+  // (Every End adds at most one entry to expiry_: twice the cap bounds its stale ones too.)
+  if (ended_.size() > max_ended_ || expiry_entries_ > 2 * max_ended_) ForgetEarliestLocked();
   return landed;
 }
 
+size_t GrantTable::PopEarliestLocked() {
+  auto bucket = expiry_.begin();
+  size_t dropped = 0;
+  for (uint64_t grant : bucket->second) {
+    auto it = ended_.find(grant);
+    if (it != ended_.end() && it->second.until_ms() == bucket->first) {
+      ended_.erase(it);
+      ++dropped;
+    }
+  }
+  expiry_entries_ -= bucket->second.size();
+  expiry_.erase(bucket);
+  return dropped;
+}
+
 void GrantTable::ForgetEarliestLocked() {
-  std::vector<absl::Time> untils;
-  untils.reserve(ended_.size());
-  for (const auto& [grant, ended] : ended_) untils.push_back(ended.until);
-  // The quarter with the earliest expiries goes, ties included.
-  size_t cut = std::max<size_t>(1, untils.size() / 4) - 1;
-  std::nth_element(untils.begin(), untils.begin() + cut, untils.end());
-  absl::Time through = untils[cut];
-  size_t before = ended_.size();
-  absl::erase_if(ended_, [through](const auto& entry) { return entry.second.until <= through; });
-  overflowed_ += before - ended_.size();
-  refused_through_ = std::max(refused_through_, through);
+  // The quarter with the earliest expiries goes, whole buckets (ties included).
+  const size_t goal = std::max<size_t>(1, ended_.size() / 4);
+  size_t forgotten = 0;
+  int64_t through = 0;
+  while (!expiry_.empty() && (forgotten < goal || expiry_entries_ > 2 * max_ended_)) {
+    through = expiry_.begin()->first;
+    forgotten += PopEarliestLocked();
+  }
+  overflowed_ += forgotten;
+  refused_through_ = std::max(refused_through_, absl::FromUnixMillis(through));
 }
 
 void GrantTable::PrepareTerm(std::string next_secret) {
@@ -233,6 +259,8 @@ void GrantTable::NewTerm(std::string secret) {
   secret_ = std::move(secret);
   next_secret_.clear();
   ended_.clear();  // tokens of the old term no longer verify at all
+  expiry_.clear();
+  expiry_entries_ = 0;
   refused_through_ = absl::InfinitePast();
   written_.clear();
   ++term_;
@@ -257,8 +285,8 @@ void GrantTable::NewTerm(std::string secret) {
 }
 
 void GrantTable::PruneLocked(absl::Time now) {
-  ends_since_prune_ = 0;
-  absl::erase_if(ended_, [now](const auto& entry) { return entry.second.until + kClockSlack < now; });
+  const int64_t expired = absl::ToUnixMillis(now - kClockSlack);  // and before
+  while (!expiry_.empty() && expiry_.begin()->first < expired) PopEarliestLocked();
 }
 
 std::string GrantTable::secret() const {

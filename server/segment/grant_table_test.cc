@@ -237,6 +237,44 @@ TEST(GrantTableTest, EndedGrantsAreCappedAndAForgottenGrantStaysEnded) {
   EXPECT_TRUE(grants.CheckRead(Request(next, wire::Opcode::kRead, 1, until(1)), now).ok());
 }
 
+// Ends out of expiry order (a commit's writes-only end, then the object's removal with a later
+// read lease): a grant is remembered until its latest expiry, and the cap forgets the earliest
+// expiries first, whatever order the ends came in.
+TEST(GrantTableTest, EndedGrantsGoInOrderOfTheirLatestExpiry) {
+  std::string secret = wire::NewCapabilitySecret();
+  constexpr size_t kCap = 64;
+  GrantTable grants(secret, /*require_token=*/true, kCap);
+  const absl::Time now = absl::Now();
+  const absl::Time past = now - absl::Minutes(1);
+  // Grant 7: its writes ended long ago, its reads now, until a minute from now.
+  grants.End(7, /*writes_only=*/true, past);
+  grants.End(7, /*writes_only=*/false, now + absl::Minutes(1));
+  // Expired ends prune the table as they come (grant 7's first expiry among them).
+  for (uint64_t grant = 100; grant < 100 + 10 * kCap; ++grant) grants.End(grant, false, past);
+  EXPECT_EQ(grants.ended_count(), 1u);
+  EXPECT_EQ(grants.ended_overflowed(), 0u);
+  const absl::Time lease = now + absl::Seconds(30);
+  EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7, lease), now).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Live ends in descending order of expiry: past the cap, the earliest go first.
+  auto until = [now](uint64_t grant) { return now + absl::Seconds(40) + absl::Seconds(grant); };
+  for (uint64_t grant = 2 * kCap; grant >= 1; --grant) grants.End(1000 + grant, false, until(grant));
+  EXPECT_LE(grants.ended_count(), kCap);
+  EXPECT_GT(grants.ended_overflowed(), 0u);
+  // Forgotten or not, every ended grant is refused; the latest expiries are still remembered;
+  // a token of an open grant that outlives the forgotten ones is served.
+  for (uint64_t grant = 1; grant <= 2 * kCap; ++grant) {
+    EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 1000 + grant, until(grant)), now)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition)
+        << grant;
+  }
+  EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7, lease), now).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(
+      grants.CheckRead(Request(secret, wire::Opcode::kRead, 5000, until(2 * kCap)), now).ok());
+}
+
 }  // namespace
 }  // namespace kvpool::segment
 
