@@ -173,6 +173,23 @@ Ceiling MeasureReadCeiling(cudaStream_t s, const Options& opt) {
     c.read_tbs = std::max(c.read_tbs, tbs);
     std::printf("| %s | %.3f | %.2f |\n", v.name, ms, tbs);
   }
+  // The same kernel over smaller reads, each run a fresh region (not in L2): what one launch of
+  // that many bytes reaches, the floor for rows whose whole work is that small (one sequence of
+  // 64k-128k tokens reads 67-75 MB).
+  std::printf("\n| read of | median us | TB/s | x ceiling |\n| ---: | ---: | ---: | ---: |\n");
+  for (size_t mib : {32, 64, 128, 256, 1024}) {
+    const size_t size = mib << 20;
+    size_t k = 0;
+    auto run = [&] {
+      const size_t offset = (k++ * size) % (bytes - size);
+      ReadKernel<4><<<sms * 4, 256, 0, s>>>(static_cast<uint4*>(buf) + offset / 16, size / 16,
+                                            sink);
+    };
+    const double ms = MedianMs(run, s, 3, Reps(opt, 30, 5));
+    CUDA_OK(cudaGetLastError());
+    const double tbs = size / (ms * 1e-3) / 1e12;
+    std::printf("| %zu MiB | %.1f | %.2f | %.2fx |\n", mib, ms * 1e3, tbs, tbs / c.read_tbs);
+  }
   void* dst;
   CUDA_OK(cudaMalloc(&dst, bytes / 2));
   const double ms =
@@ -585,6 +602,20 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.note = "1 warp x 4 stages";
     rows.push_back(v);
   }
+  // Equal spans per block (sequences cut where a span ends) on the ragged rows.
+  for (const GqaRow& r : std::vector<GqaRow>{
+           {"variant", 8, 1, 128, 16, 128, 512, 8192},
+           {"variant", 16, 1, 128, 16, 128, 512, 8192},
+           {"variant", 16, 2, 128, 16, 64, 512, 8192},
+           {"variant", 28, 4, 128, 16, 64, 512, 8192},
+           {"variant", 48, 3, 128, 16, 64, 512, 8192},
+           {"variant", 32, 8, 128, 16, 64, 128, 16384},
+       }) {
+    GqaRow v = r;
+    v.options.spans = true;
+    v.note = "spans";
+    rows.push_back(v);
+  }
   if (opt.quick) rows.resize(6);
   return rows;
 }
@@ -727,6 +758,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   MlaDecodeOptions chunk256, chunk512;  // more items than blocks: taken from the counter
   chunk256.chunk = 256;
   chunk512.chunk = 512;
+  MlaDecodeOptions spans;  // equal spans per block where the model finds them faster
+  spans.spans = true;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -756,6 +789,11 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"variant", 32, 32, 1024, 16384, DType::kBF16, plain, "merge launched plainly"},
       {"variant", 16, 1, 65536, 65536, DType::kBF16, chunk256, "chunk 256"},
       {"variant", 128, 1, 32768, 32768, DType::kBF16, chunk512, "chunk 512"},
+      {"variant", 16, 64, 1024, 16384, DType::kBF16, spans, "spans"},
+      {"variant", 16, 64, 1024, 16384, e4, spans, "spans"},
+      {"variant", 32, 32, 1024, 16384, DType::kBF16, spans, "spans"},
+      {"variant", 128, 16, 8192, 8192, DType::kBF16, spans, "spans"},
+      {"variant", 16, 128, 8192, 8192, DType::kBF16, spans, "spans"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

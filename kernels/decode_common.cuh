@@ -58,6 +58,16 @@ __device__ __forceinline__ int WarpTakeItem(int* counter, int lane) {
   return __shfl_sync(0xffffffffu, v, 0);
 }
 
+// A producer warp's first and next items: in a chained plan (SplitPlan::Chained) block i takes
+// item i, then each item's `next` (-1: done); otherwise items come from the work counter.
+__device__ __forceinline__ int WarpFirstItem(int* counter, int chained, int lane) {
+  return chained ? static_cast<int>(blockIdx.x) : WarpTakeItem(counter, lane);
+}
+__device__ __forceinline__ int WarpNextItem(const PlanWorkspace& ws, int chained, int item,
+                                            int lane) {
+  return chained ? __ldg(&ws.items[item].next) : WarpTakeItem(ws.counter, lane);
+}
+
 // The work counter resets itself: each block of a counter launch calls this once, from one
 // thread, after its take from counter[0] came back past the last item; the last block to
 // arrive sets both words back to zero (no block takes again after its own arrival, and the

@@ -37,6 +37,118 @@ struct Candidate {
   double cost = 0.0;
 };
 
+// The span plan (SplitPlanInput::spans): the batch's work in batch order (each sequence's
+// granules times its units, plus each item's fixed cost) cut into `ctas` equal spans, block i
+// taking the pieces of span i one after the other. Every unit of a piece goes to the same block,
+// so all units of a sequence are cut alike and share its slots. A cut keeps min_chunk on both
+// sides: a piece that would leave less runs a little past its span's end, or starts the next
+// span early. False (plan untouched) when the plan needs more than max_slots partial results.
+bool PlanSpans(const SplitPlanInput& in, const std::vector<int64_t>& granules, SplitPlan* plan) {
+  const int64_t g = in.granule;
+  const int64_t units = in.units_per_seq;
+  const int64_t min_cg = std::max<int64_t>(1, in.min_chunk / g);
+  const double fixed = in.item_us / in.granule_us;  // an item's fixed cost, in granules
+  struct Piece {
+    int block;
+    int64_t from, to;  // granules
+  };
+  std::vector<std::vector<Piece>> pieces(in.batch);
+  double work = 0;
+  for (int64_t n : granules) work += double(n) * units;
+  // Twice: the spans of the second pass include the fixed costs of the first pass's pieces.
+  int64_t count = int64_t{in.batch} + in.ctas - 1;
+  std::vector<double> load;
+  for (int pass = 0; pass < 2; ++pass) {
+    const double cap = (work + fixed * units * count) / in.ctas;
+    load.assign(in.ctas, 0.0);
+    int blk = 0;
+    double at = 0;  // work placed so far
+    count = 0;
+    for (int b = 0; b < in.batch; ++b) {
+      pieces[b].clear();
+      const int64_t n = granules[b];
+      for (int64_t pos = 0;;) {
+        while (blk + 1 < in.ctas && at >= (blk + 1) * cap) ++blk;  // span spent
+        const int64_t rest = n - pos;
+        int64_t take = rest;
+        if (blk + 1 < in.ctas) {
+          const double room = ((blk + 1) * cap - at) / units - fixed;
+          if (rest > room) {
+            const int64_t fits = room > 0 ? static_cast<int64_t>(room) : 0;
+            if (fits >= min_cg && rest - fits >= min_cg) {
+              take = fits;  // cut where the span ends
+            } else if (rest - fits >= min_cg && load[blk] > 0) {
+              ++blk;  // the next span starts here (with this one's slack)
+              continue;
+            } else if (rest - fits >= min_cg) {
+              take = rest - min_cg >= min_cg ? min_cg : rest;  // spans under min_chunk
+            }  // else the rest runs a little past the span's end
+          }
+        }
+        pieces[b].push_back({blk, pos, pos + take});
+        load[blk] += (double(take) + fixed) * units;
+        at += (double(take) + fixed) * units;
+        pos += take;
+        ++count;
+        if (pos >= n) break;
+      }
+    }
+  }
+  int64_t slots = 0;
+  int max_splits = 1;
+  for (const std::vector<Piece>& p : pieces) {
+    if (p.size() > 1) slots += static_cast<int64_t>(p.size());
+    max_splits = std::max(max_splits, static_cast<int>(p.size()));
+  }
+  if (slots > in.max_slots) return false;
+
+  // Each block's items in order; then block i's first item at index i, the rest after.
+  std::vector<std::vector<DecodeWorkItem>> chains(in.ctas);
+  *plan = SplitPlan{};
+  int32_t slot = 0;
+  int64_t longest = 0;
+  for (int b = 0; b < in.batch; ++b) {
+    const std::vector<Piece>& p = pieces[b];
+    const int32_t n = static_cast<int32_t>(p.size());
+    if (n > 1) plan->merges.push_back({b, slot, n, 0});
+    for (int32_t s = 0; s < n; ++s) {
+      longest = std::max(longest, p[s].to - p[s].from);
+      for (int64_t u = 0; u < units; ++u) {
+        DecodeWorkItem it;
+        it.seq = b;
+        it.unit = static_cast<int32_t>(u);
+        it.start = static_cast<int32_t>(p[s].from * g);
+        it.end = s + 1 < n ? static_cast<int32_t>(p[s].to * g)
+                           : std::numeric_limits<int32_t>::max();
+        it.slot = n > 1 ? slot + s : -1;
+        chains[p[s].block].push_back(it);
+      }
+    }
+    if (n > 1) slot += n;
+  }
+  std::erase_if(chains, [](const std::vector<DecodeWorkItem>& c) { return c.empty(); });
+  const int grid = static_cast<int>(chains.size());
+  plan->items.resize(grid);
+  for (int i = 0; i < grid; ++i) plan->items[i] = chains[i][0];
+  for (int i = 0; i < grid; ++i) {
+    int32_t prev = i;
+    for (size_t k = 1; k < chains[i].size(); ++k) {
+      const int32_t at = static_cast<int32_t>(plan->items.size());
+      plan->items.push_back(chains[i][k]);
+      plan->items[prev].next = at;
+      prev = at;
+    }
+  }
+  plan->chunk = static_cast<int>(std::min<int64_t>(longest * g, std::numeric_limits<int32_t>::max()));
+  plan->slots = slot;
+  plan->max_splits = max_splits;
+  plan->spans = true;
+  plan->grid = grid;
+  plan->modelled_us = *std::max_element(load.begin(), load.end()) * in.granule_us;
+  if (slot > 0) plan->modelled_us += in.merge_us + in.merge_split_us * max_splits;
+  return true;
+}
+
 }  // namespace
 
 int64_t MaxPlanSlots(const SplitPlanInput& in) {
@@ -148,6 +260,15 @@ KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan) {
     return KernelStatus::Refused("too many work items (" + std::to_string(best.items) + ")");
   }
 
+  if (in.spans != SpanPolicy::kNever && in.forced_chunk == 0 && in.batch > 0) {
+    SplitPlan spans;
+    if (PlanSpans(in, granules, &spans) &&
+        (in.spans == SpanPolicy::kAlways || spans.modelled_us < 0.98 * best.cost)) {
+      *plan = std::move(spans);
+      return KernelStatus::Ok();
+    }
+  }
+
   // Build the chosen plan: items longest first, slots consecutive per split sequence.
   const int64_t cg = best.chunk_granules;
   plan->chunk = static_cast<int>(std::min<int64_t>(cg * g, std::numeric_limits<int32_t>::max()));
@@ -246,7 +367,8 @@ std::string DescribePlan(const SplitPlan& plan) {
   char buf[200];
   std::snprintf(buf, sizeof(buf), "chunk %d, %d split seqs (<= %d splits), %zu items%s%s",
                 plan.chunk, static_cast<int>(plan.merges.size()), plan.max_splits,
-                plan.items.size(), plan.one_item ? ", one per block" : ", counter",
+                plan.items.size(),
+                plan.spans ? ", spans" : plan.one_item ? ", one per block" : ", counter",
                 plan.merges.empty() ? "" : ", merge");
   return buf;
 }

@@ -27,14 +27,17 @@ struct KernelStatus {
 // sequence `seq` for head group `unit`; `end` is INT32_MAX for the last item of a sequence, which
 // runs to the sequence's length on the device (so a plan made for shorter lengths still covers
 // every token). slot < 0: the item is the whole sequence and writes the output directly;
-// otherwise it writes partial result `slot`, merged by the merge kernel.
+// otherwise it writes partial result `slot`, merged by the merge kernel. `next`: in a plan whose
+// blocks follow chains (SplitPlan::Chained), the item the same block takes after this one
+// (-1: none).
 struct DecodeWorkItem {
   int32_t seq = 0;
   int32_t unit = 0;
   int32_t start = 0;
   int32_t end = 0;
   int32_t slot = -1;
-  int32_t pad[3] = {0, 0, 0};
+  int32_t next = -1;
+  int32_t pad[2] = {0, 0};
 };
 
 // One split sequence for the merge kernel (16 bytes): partial slots [slot0, slot0 + splits).
@@ -44,6 +47,8 @@ struct DecodeMergeItem {
   int32_t splits = 0;
   int32_t pad = 0;
 };
+
+enum class SpanPolicy { kNever, kWhenFaster, kAlways };
 
 // What the planner is told about one launch.
 struct SplitPlanInput {
@@ -69,6 +74,12 @@ struct SplitPlanInput {
   // Keep to one wave: no cut with more items than resident blocks when the unsplit plan has no
   // more (for kernels whose blocks speed up when others finish, which the model does not see).
   bool one_wave = false;
+  // Spans: the batch's work (every sequence's granules, in batch order, plus each item's fixed
+  // cost) cut into `ctas` equal spans, one per block, a sequence cut where a span ends, so that
+  // every block streams the same amount whatever the lengths (FlashMLA's scheduler does this).
+  // For kernels that follow chains (DecodeWorkItem::next): never, where the model finds them
+  // faster, or always (when the plan's partial results fit max_slots).
+  SpanPolicy spans = SpanPolicy::kNever;
 };
 
 // The planner's decisions.
@@ -76,18 +87,24 @@ struct SplitPlan {
   int chunk = 0;  // tokens of the longest item
   int slots = 0;  // partial results written
   int max_splits = 1;
-  std::vector<DecodeWorkItem> items;  // in the order blocks take them (longest first)
+  // In the order blocks take them: longest first from the work counter, or (one_item, spans)
+  // block i's chain starting at item i.
+  std::vector<DecodeWorkItem> items;
   std::vector<DecodeMergeItem> merges;
   bool one_item = false;  // items <= resident blocks: block i takes item i (no work counter)
+  bool spans = false;     // one span per block: block i takes item i, then its `next` ones
   int grid = 0;           // thread blocks to launch
   double modelled_us = 0;
+  // Blocks follow chains from item blockIdx (no work counter): one item each, or spans.
+  bool Chained() const { return one_item || spans; }
 };
 
 // Cuts the batch into items: of the chunk sizes that divide the longest sequence into 1, 2, 3,
 // ... equal parts (each sequence cut into equal parts of at most that size; every n to 64,
 // then coarser, plus the n that make whole waves), the one whose
 // modelled finish time is least (longest-first list scheduling onto `ctas` blocks, plus the
-// merge and the counter reset), preferring fewer items within 2%. A refusal names its reason.
+// merge and the counter reset), preferring fewer items within 2%; or the span plan (`spans`).
+// A refusal names its reason.
 KernelStatus PlanSplits(const SplitPlanInput& in, SplitPlan* plan);
 
 // Upper bounds of a plan's item count and partial slots for any lengths up to max_seq_len

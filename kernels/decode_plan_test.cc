@@ -76,8 +76,41 @@ void ExpectCoversEveryToken(const SplitPlanInput& in, const SplitPlan& plan) {
     EXPECT_EQ(slot_uses[s], in.units_per_seq) << "slot " << s;
   }
   EXPECT_LE(plan.slots, in.max_slots);
-  EXPECT_EQ(plan.one_item, static_cast<int>(plan.items.size()) <= in.ctas);
-  EXPECT_EQ(plan.grid, std::min<int>(static_cast<int>(plan.items.size()), in.ctas));
+  if (!plan.spans) {
+    EXPECT_EQ(plan.one_item, static_cast<int>(plan.items.size()) <= in.ctas);
+    EXPECT_EQ(plan.grid, std::min<int>(static_cast<int>(plan.items.size()), in.ctas));
+    for (const DecodeWorkItem& it : plan.items) EXPECT_EQ(it.next, -1);
+    return;
+  }
+  // Spans: block i's chain starts at item i; the chains take every item exactly once.
+  EXPECT_FALSE(plan.one_item);
+  EXPECT_TRUE(plan.Chained());
+  ASSERT_GE(plan.grid, 1);
+  ASSERT_LE(plan.grid, in.ctas);
+  std::vector<int> taken(plan.items.size(), 0);
+  for (int b = 0; b < plan.grid; ++b) {
+    for (int32_t i = b; i >= 0; i = plan.items[i].next) {
+      ASSERT_LT(i, static_cast<int32_t>(plan.items.size()));
+      ASSERT_EQ(taken[i]++, 0) << "item " << i << " taken twice";
+    }
+  }
+  for (size_t i = 0; i < taken.size(); ++i) EXPECT_EQ(taken[i], 1) << "item " << i;
+}
+
+// Each block's work in a span plan: the granules of its chain's items plus their fixed costs.
+std::vector<double> ChainLoads(const SplitPlanInput& in, const SplitPlan& plan,
+                               const std::vector<int32_t>& lens) {
+  std::vector<double> loads;
+  for (int b = 0; b < plan.grid; ++b) {
+    double load = 0;
+    for (int32_t i = b; i >= 0; i = plan.items[i].next) {
+      const DecodeWorkItem& it = plan.items[i];
+      const int64_t end = it.end == kOpen ? lens[it.seq] : it.end;
+      load += (end - it.start + in.granule - 1) / in.granule * in.granule_us + in.item_us;
+    }
+    loads.push_back(load);
+  }
+  return loads;
 }
 
 // 64 lengths of 1k-16k (as SeededLengths(64, 1024, 16384, 1) would give, fixed here so that the
@@ -135,6 +168,8 @@ TEST(DecodePlanTest, RandomBatchesCoverEveryToken) {
     SplitPlanInput in = Input(lens, 1 + rng() % 4, 16 + rng() % 300);
     in.max_seq_len += static_cast<int>(rng() % 100);
     if (round % 5 == 0) in.max_slots = static_cast<int>(rng() % 8);
+    in.spans = round % 3 == 1 ? SpanPolicy::kWhenFaster : round % 3 == 2 ? SpanPolicy::kAlways
+                                                                    : SpanPolicy::kNever;
     SplitPlan plan;
     ASSERT_TRUE(PlanSplits(in, &plan).ok());
     ExpectCoversEveryToken(in, plan);
@@ -155,6 +190,57 @@ TEST(DecodePlanTest, OneWaveKeepsItemsWithinTheBlocks) {
   ExpectCoversEveryToken(in, one_wave);
   EXPECT_GT(free_plan.items.size(), 132u) << DescribePlan(free_plan);
   EXPECT_LE(one_wave.items.size(), 132u) << DescribePlan(one_wave);
+}
+
+// MLA's ragged row (64 x 1k-16k, 64-token granules, 132 blocks): spans give every block about
+// the same work, where the per-sequence plan's longest item is twice a block's share.
+TEST(DecodePlanTest, SpansEvenOutARaggedBatch) {
+  const std::vector<int32_t> lens = SeededLengthsForTest();
+  SplitPlanInput in = Input(lens, 1, 132);
+  in.granule = 64;
+  in.min_chunk = 256;
+  in.granule_us = 2.16;
+  in.one_wave = true;
+  SplitPlan per_seq, spans;
+  ASSERT_TRUE(PlanSplits(in, &per_seq).ok());
+  in.spans = SpanPolicy::kWhenFaster;
+  ASSERT_TRUE(PlanSplits(in, &spans).ok());
+  ExpectCoversEveryToken(in, spans);
+  EXPECT_FALSE(per_seq.spans);
+  ASSERT_TRUE(spans.spans) << DescribePlan(spans);
+  EXPECT_LT(spans.modelled_us, 0.7 * per_seq.modelled_us);
+  double work = 0;
+  for (int32_t l : lens) work += (l + 63) / 64 * in.granule_us;
+  const std::vector<double> loads = ChainLoads(in, spans, lens);
+  EXPECT_EQ(static_cast<int>(loads.size()), in.ctas);
+  // Every block within a min_chunk and three items' fixed cost of an even share.
+  for (double load : loads) {
+    EXPECT_LE(load, work / in.ctas + 4 * in.granule_us + 3 * in.item_us);
+    EXPECT_GE(load, work / in.ctas - 4 * in.granule_us - 3 * in.item_us);
+  }
+  // Pieces of a cut sequence keep min_chunk tokens (the last one: its granules).
+  for (const DecodeWorkItem& it : spans.items) {
+    if (it.slot < 0) continue;
+    EXPECT_GE((ItemTokens(it, lens) + 63) / 64 * 64, in.min_chunk) << it.seq << " " << it.start;
+  }
+}
+
+// Where the per-sequence plan is already even (every sequence alike), it stays.
+TEST(DecodePlanTest, SpansLeaveEvenBatchesAlone) {
+  for (const std::vector<int32_t>& lens :
+       {std::vector<int32_t>(128, 8192), std::vector<int32_t>{65536}}) {
+    SplitPlanInput in = Input(lens, 1, 132);
+    in.granule = 64;
+    in.min_chunk = 256;
+    in.granule_us = 2.16;
+    in.one_wave = true;
+    in.spans = SpanPolicy::kWhenFaster;
+    SplitPlan plan;
+    ASSERT_TRUE(PlanSplits(in, &plan).ok());
+    ExpectCoversEveryToken(in, plan);
+    EXPECT_FALSE(plan.spans) << DescribePlan(plan);
+    EXPECT_TRUE(plan.one_item) << DescribePlan(plan);
+  }
 }
 
 TEST(DecodePlanTest, UniformPlanAssumesFullLengths) {

@@ -63,7 +63,7 @@ struct GqaParams {
   int block_size;
   int max_blocks_per_seq;
   int total_items;
-  int one_item;      // 1: one item per block, block i takes item i (no work counter)
+  int chained;       // 1: block i takes item i, then items[i].next (SplitPlan::Chained); 0: counter
   float scale_log2;  // sm_scale * k_scale * log2(e)
   float v_scale;
 };
@@ -136,11 +136,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint32_t pipe = detail::SmemAddr(smem) + warp * C::kStages * C::kStageBytes;
   detail::LaunchDependents();  // the merge kernel may be scheduled now; it waits for our end
 
+  int item = -1;
   for (int round = 0;; ++round) {
-    int item;
-    if (p.one_item) {
-      if (round > 0) break;
-      item = blockIdx.x;  // the grid is exactly total_items blocks: no counter, no barrier
+    if (p.chained) {
+      // Block i takes item i, then its chain (no counter, no barrier).
+      item = round == 0 ? static_cast<int>(blockIdx.x) : __ldg(&p.ws.items[item].next);
+      if (item < 0) break;
     } else {
       if (threadIdx.x == 0) s_item = atomicAdd(p.ws.counter, 1);
       __syncthreads();
@@ -507,7 +508,7 @@ struct GqaLauncher {
   static cudaError_t Run(const GqaDecodePlan& plan, GqaParams p, cudaStream_t stream) {
     p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
     p.total_items = static_cast<int>(plan.split.items.size());
-    p.one_item = plan.split.one_item ? 1 : 0;  // otherwise the counter is zero (it resets itself)
+    p.chained = plan.split.Chained() ? 1 : 0;  // otherwise the counter is zero (it resets itself)
     GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages>
         <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
@@ -691,6 +692,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   in.merge_us = 4.0;
   in.counter_us = 0.5;  // the atomic takes (the counter resets itself, no memset)
   in.max_slots = 2 * ctas;
+  in.spans = options.spans ? SpanPolicy::kAlways : SpanPolicy::kNever;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
   return KernelStatus::Ok();

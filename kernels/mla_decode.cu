@@ -63,6 +63,7 @@ struct MlaParams {
   int block_size;
   int max_blocks_per_seq;
   int total_items;
+  int chained;  // 1: block i takes item i, then items[i].next (SplitPlan::Chained); 0: the counter
   float scale_log2;
   float v_scale;
 };
@@ -168,11 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (g >= kS) detail::MbarWait(empty + 8 * s, (g / kS - 1) & 1);
       return s;
     };
-    auto take = [&]() { return detail::WarpTakeItem(p.ws.counter, lane); };
-    int item = take();
+    int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
     while (true) {
-      if (item >= p.total_items) {
-        if (lane == 0) detail::FinishWorkCounter(p.ws.counter);
+      if (item < 0 || item >= p.total_items) {
+        if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
         const uint32_t s = acquire();
         if (lane == 0) {
           meta[s] = -1;
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         break;
       }
       const int cur = item;
-      const int next = take();  // its latency overlaps this item's copies
+      const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);  // overlaps the copies
       const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
       const int b = wi.x;
       item = next;
@@ -666,6 +666,7 @@ struct MlaKernelLauncher {
   static cudaError_t Run(const MlaDecodePlan& plan, MlaParams p, cudaStream_t stream) {
     p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
     p.total_items = static_cast<int>(plan.split.items.size());  // the counter is zero here
+    p.chained = plan.split.spans ? 1 : 0;  // one-item plans take from the counter, as before
     kKernel<<<plan.split.grid, kBlockThreads, kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kOutBf16, kMlaVDim>(
@@ -843,11 +844,12 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   in.item_us = 5.0;
   in.merge_us = 4.0;
   in.counter_us = 0.5;  // the atomic takes (the counter resets itself, no memset)
-  in.max_slots = ctas;
+  in.max_slots = options.spans ? 2 * ctas : ctas;
   // Measured: 64 ragged sequences of 1k-16k at 16 heads took 277 us under the model's best plan
   // (141 items on 132 blocks) and 231 us under one of 128 items: the blocks left running speed
   // up when others finish, which the model does not see.
   in.one_wave = true;
+  in.spans = options.spans ? SpanPolicy::kWhenFaster : SpanPolicy::kNever;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
   return KernelStatus::Ok();

@@ -86,11 +86,10 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
       return s;
     };
-    auto take = [&]() { return detail::WarpTakeItem(p.ws.counter, lane); };
-    int item = take();
+    int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
     while (true) {
-      if (item >= p.total_items) {
-        if (lane == 0) detail::FinishWorkCounter(p.ws.counter);
+      if (item < 0 || item >= p.total_items) {
+        if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
         const uint32_t s = acquire();
         if (lane == 0) {
           meta[s] = -1;
@@ -99,7 +98,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
         break;
       }
       const int cur = item;
-      const int next = take();
+      const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);
       const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
       item = next;
       const int b = wi.x;
