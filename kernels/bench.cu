@@ -602,20 +602,6 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.note = "1 warp x 4 stages";
     rows.push_back(v);
   }
-  // Equal spans per block (sequences cut where a span ends) on the ragged rows.
-  for (const GqaRow& r : std::vector<GqaRow>{
-           {"variant", 8, 1, 128, 16, 128, 512, 8192},
-           {"variant", 16, 1, 128, 16, 128, 512, 8192},
-           {"variant", 16, 2, 128, 16, 64, 512, 8192},
-           {"variant", 28, 4, 128, 16, 64, 512, 8192},
-           {"variant", 48, 3, 128, 16, 64, 512, 8192},
-           {"variant", 32, 8, 128, 16, 64, 128, 16384},
-       }) {
-    GqaRow v = r;
-    v.options.spans = true;
-    v.note = "spans";
-    rows.push_back(v);
-  }
   if (opt.quick) rows.resize(6);
   return rows;
 }
@@ -758,8 +744,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   MlaDecodeOptions chunk256, chunk512;  // more items than blocks: taken from the counter
   chunk256.chunk = 256;
   chunk512.chunk = 512;
-  MlaDecodeOptions spans;  // equal spans per block where the model finds them faster
-  spans.spans = true;
+  MlaDecodeOptions per_seq;  // the plan before spans
+  per_seq.no_spans = true;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -789,11 +775,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"variant", 32, 32, 1024, 16384, DType::kBF16, plain, "merge launched plainly"},
       {"variant", 16, 1, 65536, 65536, DType::kBF16, chunk256, "chunk 256"},
       {"variant", 128, 1, 32768, 32768, DType::kBF16, chunk512, "chunk 512"},
-      {"variant", 16, 64, 1024, 16384, DType::kBF16, spans, "spans"},
-      {"variant", 16, 64, 1024, 16384, e4, spans, "spans"},
-      {"variant", 32, 32, 1024, 16384, DType::kBF16, spans, "spans"},
-      {"variant", 128, 16, 8192, 8192, DType::kBF16, spans, "spans"},
-      {"variant", 16, 128, 8192, 8192, DType::kBF16, spans, "spans"},
+      {"variant", 16, 64, 1024, 16384, DType::kBF16, per_seq, "per-sequence plan"},
+      {"variant", 16, 64, 1024, 16384, e4, per_seq, "per-sequence plan"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

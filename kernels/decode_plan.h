@@ -48,8 +48,6 @@ struct DecodeMergeItem {
   int32_t pad = 0;
 };
 
-enum class SpanPolicy { kNever, kWhenFaster, kAlways };
-
 // What the planner is told about one launch.
 struct SplitPlanInput {
   int batch = 0;
@@ -74,12 +72,12 @@ struct SplitPlanInput {
   // Keep to one wave: no cut with more items than resident blocks when the unsplit plan has no
   // more (for kernels whose blocks speed up when others finish, which the model does not see).
   bool one_wave = false;
-  // Spans: the batch's work (every sequence's granules, in batch order, plus each item's fixed
-  // cost) cut into `ctas` equal spans, one per block, a sequence cut where a span ends, so that
-  // every block streams the same amount whatever the lengths (FlashMLA's scheduler does this).
-  // For kernels that follow chains (DecodeWorkItem::next): never, where the model finds them
-  // faster, or always (when the plan's partial results fit max_slots).
-  SpanPolicy spans = SpanPolicy::kNever;
+  // Also weigh spans: the batch's work (every sequence's granules, in batch order, plus each
+  // item's fixed cost) cut into `ctas` equal spans, one per block, a sequence cut where a span
+  // ends, so that every block streams the same amount whatever the lengths (FlashMLA's
+  // scheduler does this); taken where modelled 10% faster and the partial results fit
+  // max_slots. For kernels that follow chains (DecodeWorkItem::next).
+  bool spans = false;
 };
 
 // The planner's decisions.

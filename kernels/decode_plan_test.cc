@@ -168,8 +168,7 @@ TEST(DecodePlanTest, RandomBatchesCoverEveryToken) {
     SplitPlanInput in = Input(lens, 1 + rng() % 4, 16 + rng() % 300);
     in.max_seq_len += static_cast<int>(rng() % 100);
     if (round % 5 == 0) in.max_slots = static_cast<int>(rng() % 8);
-    in.spans = round % 3 == 1 ? SpanPolicy::kWhenFaster : round % 3 == 2 ? SpanPolicy::kAlways
-                                                                    : SpanPolicy::kNever;
+    in.spans = round % 2 == 1;
     SplitPlan plan;
     ASSERT_TRUE(PlanSplits(in, &plan).ok());
     ExpectCoversEveryToken(in, plan);
@@ -203,7 +202,7 @@ TEST(DecodePlanTest, SpansEvenOutARaggedBatch) {
   in.one_wave = true;
   SplitPlan per_seq, spans;
   ASSERT_TRUE(PlanSplits(in, &per_seq).ok());
-  in.spans = SpanPolicy::kWhenFaster;
+  in.spans = true;
   ASSERT_TRUE(PlanSplits(in, &spans).ok());
   ExpectCoversEveryToken(in, spans);
   EXPECT_FALSE(per_seq.spans);
@@ -234,7 +233,7 @@ TEST(DecodePlanTest, SpansLeaveEvenBatchesAlone) {
     in.min_chunk = 256;
     in.granule_us = 2.16;
     in.one_wave = true;
-    in.spans = SpanPolicy::kWhenFaster;
+    in.spans = true;
     SplitPlan plan;
     ASSERT_TRUE(PlanSplits(in, &plan).ok());
     ExpectCoversEveryToken(in, plan);

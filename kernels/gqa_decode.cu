@@ -692,7 +692,6 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   in.merge_us = 4.0;
   in.counter_us = 0.5;  // the atomic takes (the counter resets itself, no memset)
   in.max_slots = 2 * ctas;
-  in.spans = options.spans ? SpanPolicy::kAlways : SpanPolicy::kNever;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
   return KernelStatus::Ok();

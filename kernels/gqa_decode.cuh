@@ -28,8 +28,6 @@ struct GqaDecodeOptions {
                          // the default for those with 16 query heads per warp)
   bool plain_merge = false;  // launch the merge kernel after the attention kernel, not as its
                              // programmatic dependent (for comparison)
-  bool spans = false;        // equal spans per block, always (SplitPlanInput::spans; for
-                             // comparison: the cost model does not see what they gain here)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its

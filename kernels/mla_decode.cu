@@ -666,7 +666,7 @@ struct MlaKernelLauncher {
   static cudaError_t Run(const MlaDecodePlan& plan, MlaParams p, cudaStream_t stream) {
     p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
     p.total_items = static_cast<int>(plan.split.items.size());  // the counter is zero here
-    p.chained = plan.split.spans ? 1 : 0;  // one-item plans take from the counter, as before
+    p.chained = plan.split.spans ? 1 : 0;  // one-item plans take from the counter
     kKernel<<<plan.split.grid, kBlockThreads, kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kOutBf16, kMlaVDim>(
@@ -844,12 +844,12 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   in.item_us = 5.0;
   in.merge_us = 4.0;
   in.counter_us = 0.5;  // the atomic takes (the counter resets itself, no memset)
-  in.max_slots = options.spans ? 2 * ctas : ctas;
+  in.max_slots = 2 * ctas;
   // Measured: 64 ragged sequences of 1k-16k at 16 heads took 277 us under the model's best plan
   // (141 items on 132 blocks) and 231 us under one of 128 items: the blocks left running speed
   // up when others finish, which the model does not see.
   in.one_wave = true;
-  in.spans = options.spans ? SpanPolicy::kWhenFaster : SpanPolicy::kNever;
+  in.spans = !options.no_spans;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
   return KernelStatus::Ok();

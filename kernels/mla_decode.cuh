@@ -26,8 +26,8 @@ struct MlaDecodeOptions {
   bool uniform = false;     // plan as if every sequence had max_seq_len (ignores host seq_lens)
   bool plain_merge = false;  // launch the merge kernel after the attention kernel, not as its
                              // programmatic dependent (for comparison)
-  bool spans = false;        // also weigh equal spans per block, taken where modelled faster
-                             // (SplitPlanInput::spans; opt-in until measured on a GPU)
+  bool no_spans = false;     // plan per sequence only, never equal spans per block (for
+                             // comparison; SplitPlanInput::spans)
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.

@@ -444,7 +444,6 @@ struct GqaCase {
   std::vector<int> lens;
   GqaDecodeOptions options = {};  // the planner's overrides (warps per block, chunk)
   std::string tag = "";           // what the case stands for (a benchmark row)
-  bool expect_spans = false;      // the planner must choose a span plan (chained items)
 };
 
 CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
@@ -543,10 +542,6 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
                                       ws_bytes, nullptr, &plan, c.options);
       !st.ok()) {
     res.detail = "PlanGqaDecode: " + st.reason;
-    return res;
-  }
-  if (c.expect_spans && !plan.split.spans) {
-    res.detail = "expected a span plan, the planner chose " + DescribePlan(plan.split);
     return res;
   }
   for (int run = 0; run < 3; ++run) {
@@ -840,18 +835,6 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
                             {},
                             "matrix-d64-ragged-scaled"},
                            rng));
-  // Span plans (GqaDecodeOptions::spans) on ragged batches: one kv head, two head groups per
-  // sequence, an odd group, blocks-first.
-  GqaDecodeOptions spans;
-  spans.spans = true;
-  out.push_back(RunGqaCase(
-      {8, 1, 128, 16, bf, bf, kvf, ragged(128, 512, 8192, 1), spans, "matrix-8/1-spans", true},
-      rng));
-  out.push_back(RunGqaCase({32, 8, 128, 16, bf, bf, Layout::kBlocksFirst,
-                            ragged(16, 128, 16384, 4), spans, "blocks-first-spans", true},
-                           rng));
-  out.push_back(RunGqaCase(
-      {28, 4, 128, 16, bf, bf, kvf, ragged(16, 1, 6000, 5), spans, "group7-spans", true}, rng));
   out.push_back(CheckGqaRefusals());
   return out;
 }
@@ -1030,15 +1013,16 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   out.push_back(RunMlaCase({16, 64, bf, bf, {65536}, 0, {}, "matrix-one-64k"}, rng));
   out.push_back(
       RunMlaCase({16, 64, bf, bf, ragged(8, 1024, 16384, 22), 0, {}, "matrix-ragged-scaled"}, rng));
-  // Batches ragged enough that the planner takes spans when asked (one per block, sequences cut
-  // where a span ends): the mma.sync kernel, the wgmma kernel; e4m3, where it may not.
+  // Batches ragged enough that the planner takes spans (one per block, sequences cut where a
+  // span ends): the mma.sync kernel, the wgmma kernel; e4m3 (spans or not); the per-sequence
+  // plan of the first batch.
   const std::vector<int> many = ragged(64, 64, 3000, 26);
-  MlaDecodeOptions spans;
-  spans.spans = true;
-  out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, spans, "ragged-spans", true}, rng));
-  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, spans, "ragged-wgmma-spans", true}, rng));
-  out.push_back(
-      RunMlaCase({32, 64, DType::kFP8E4M3, bf, many, 0, spans, "ragged-e4m3-spans"}, rng));
+  out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, {}, "ragged-spans", true}, rng));
+  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, {}, "ragged-wgmma-spans", true}, rng));
+  out.push_back(RunMlaCase({32, 64, DType::kFP8E4M3, bf, many, 0, {}, "ragged-e4m3"}, rng));
+  MlaDecodeOptions per_seq;
+  per_seq.no_spans = true;
+  out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, per_seq, "ragged-per-seq"}, rng));
   out.push_back(RunMlaCase(
       {128, 64, DType::kFP8E4M3, bf, ragged(2, 1000, 4000, 23), 0, {}, "matrix-128h-e4m3"}, rng));
   return out;
