@@ -118,8 +118,8 @@ bool PlanSpans(const SplitPlanInput& in, const std::vector<int64_t>& granules, S
         it.seq = b;
         it.unit = static_cast<int32_t>(u);
         it.start = static_cast<int32_t>(p[s].from * g);
-        it.end = s + 1 < n ? static_cast<int32_t>(p[s].to * g)
-                           : std::numeric_limits<int32_t>::max();
+        it.end =
+            s + 1 < n ? static_cast<int32_t>(p[s].to * g) : std::numeric_limits<int32_t>::max();
         it.slot = n > 1 ? slot + s : -1;
         chains[p[s].block].push_back(it);
       }
@@ -139,7 +139,8 @@ bool PlanSpans(const SplitPlanInput& in, const std::vector<int64_t>& granules, S
       prev = at;
     }
   }
-  plan->chunk = static_cast<int>(std::min<int64_t>(longest * g, std::numeric_limits<int32_t>::max()));
+  plan->chunk =
+      static_cast<int>(std::min<int64_t>(longest * g, std::numeric_limits<int32_t>::max()));
   plan->slots = slot;
   plan->max_splits = max_splits;
   plan->spans = true;
@@ -364,12 +365,11 @@ KernelStatus PlanSplitsInWorkspace(const char* who, SplitPlanInput* in, int head
 }
 
 std::string DescribePlan(const SplitPlan& plan) {
+  const char* taken = plan.spans ? ", spans" : plan.one_item ? ", one per block" : ", counter";
   char buf[200];
   std::snprintf(buf, sizeof(buf), "chunk %d, %d split seqs (<= %d splits), %zu items%s%s",
                 plan.chunk, static_cast<int>(plan.merges.size()), plan.max_splits,
-                plan.items.size(),
-                plan.spans ? ", spans" : plan.one_item ? ", one per block" : ", counter",
-                plan.merges.empty() ? "" : ", merge");
+                plan.items.size(), taken, plan.merges.empty() ? "" : ", merge");
   return buf;
 }
 

@@ -198,8 +198,8 @@ std::optional<GrantTable::Landed> GrantTable::End(uint64_t grant, bool writes_on
     ++expiry_entries_;
   }
   if (!inserted) {
-    it->second = Ended(std::max(it->second.until_ms(), until_ms),
-                       it->second.writes_only() && writes_only);
+    it->second =
+        Ended(std::max(it->second.until_ms(), until_ms), it->second.writes_only() && writes_only);
   }
   auto [first, last] = writes_.equal_range(grant);
   bool deferred = false;

@@ -258,15 +258,17 @@ TEST(GrantTableTest, EndedGrantsGoInOrderOfTheirLatestExpiry) {
             absl::StatusCode::kFailedPrecondition);
   // Live ends in descending order of expiry: past the cap, the earliest go first.
   auto until = [now](uint64_t grant) { return now + absl::Seconds(40) + absl::Seconds(grant); };
-  for (uint64_t grant = 2 * kCap; grant >= 1; --grant) grants.End(1000 + grant, false, until(grant));
+  for (uint64_t grant = 2 * kCap; grant >= 1; --grant)
+    grants.End(1000 + grant, false, until(grant));
   EXPECT_LE(grants.ended_count(), kCap);
   EXPECT_GT(grants.ended_overflowed(), 0u);
   // Forgotten or not, every ended grant is refused; the latest expiries are still remembered;
   // a token of an open grant that outlives the forgotten ones is served.
   for (uint64_t grant = 1; grant <= 2 * kCap; ++grant) {
-    EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 1000 + grant, until(grant)), now)
-                  .code(),
-              absl::StatusCode::kFailedPrecondition)
+    EXPECT_EQ(
+        grants.CheckRead(Request(secret, wire::Opcode::kRead, 1000 + grant, until(grant)), now)
+            .code(),
+        absl::StatusCode::kFailedPrecondition)
         << grant;
   }
   EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7, lease), now).code(),
