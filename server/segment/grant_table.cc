@@ -1,6 +1,7 @@
 #include "server/segment/grant_table.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,8 +13,13 @@ namespace {
 // Clocks of master and segment may differ a little.
 constexpr absl::Duration kClockSlack = absl::Seconds(5);
 
-// Unix milliseconds, rounded up (an ended grant is remembered a little longer, never less).
+// Unix milliseconds, rounded up (an ended grant is remembered a little longer, never less), in
+// what GrantTable::Ended holds: before 1970 is 0 (expired anyway), the infinite future the
+// largest value (never pruned).
 int64_t CeilMillis(absl::Time t) {
+  constexpr int64_t kLatest = std::numeric_limits<int64_t>::max() >> 1;
+  if (t <= absl::UnixEpoch()) return 0;
+  if (t >= absl::FromUnixMillis(kLatest)) return kLatest;
   const int64_t ms = absl::ToUnixMillis(t);
   return absl::FromUnixMillis(ms) < t ? ms + 1 : ms;
 }

@@ -277,6 +277,22 @@ TEST(GrantTableTest, EndedGrantsGoInOrderOfTheirLatestExpiry) {
       grants.CheckRead(Request(secret, wire::Opcode::kRead, 5000, until(2 * kCap)), now).ok());
 }
 
+// An end whose tokens never expire (an infinite lease) is remembered through any number of
+// expired ends; one before 1970 is pruned like any expired one.
+TEST(GrantTableTest, AnEndUntilTheInfiniteFutureIsNeverPruned) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  const absl::Time now = absl::Now();
+  grants.End(7, /*writes_only=*/false, absl::InfiniteFuture());
+  grants.End(8, /*writes_only=*/false, absl::InfinitePast());
+  for (uint64_t grant = 100; grant < 200; ++grant) grants.End(grant, false, now - absl::Hours(1));
+  EXPECT_EQ(grants.ended_count(), 1u);
+  EXPECT_EQ(grants.CheckRead(Request(secret, wire::Opcode::kRead, 7), now).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(grants.BeginWrite(Request(secret, wire::Opcode::kWrite, 7), now).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace kvpool::segment
 
