@@ -63,7 +63,7 @@ struct MlaParams {
   int block_size;
   int max_blocks_per_seq;
   int total_items;
-  int chained;  // 1: block i takes item i, then items[i].next (SplitPlan::Chained); 0: the counter
+  int chained;  // 1 (span plans): block i takes item i, then items[i].next; 0: the counter
   float scale_log2;
   float v_scale;
 };
