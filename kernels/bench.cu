@@ -596,6 +596,23 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.note = chunk == 256 ? "chunk 256" : "chunk 512";
     rows.push_back(v);
   }
+  // The one long sequence of 8 kv heads: all heads of a token in one block (whole 2 KiB rows),
+  // or more, shorter items taken from the counter (the tail of 132 equal items).
+  rows.push_back({"variant", 32, 8, 128, 16, 1, 131072, 131072, DType::kBF16, Layout::kKvFirst,
+                  eight, "8 kv heads per block"});
+  // The rows within a few percent of 0.9x, with all 8 kv heads in each block.
+  rows.push_back({"variant", 64, 8, 128, 16, 32, 4096, 4096, DType::kBF16, Layout::kKvFirst,
+                  eight, "8 kv heads per block"});
+  rows.push_back({"variant", 32, 8, 64, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
+  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, e4, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
+  for (int chunk : {512, 1024}) {
+    GqaRow v{"variant", 32, 8, 128, 16, 1, 131072, 131072};
+    v.options.chunk = chunk;
+    v.note = chunk == 512 ? "chunk 512" : "chunk 1024";
+    rows.push_back(v);
+  }
   {
     GqaRow v{"variant", 48, 3, 128, 16, 64, 512, 8192};
     v.options.stages = 4;
