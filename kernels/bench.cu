@@ -474,7 +474,7 @@ struct GqaRow {
   DType kv_type = DType::kBF16;
   Layout layout = Layout::kKvFirst;
   GqaDecodeOptions options = {};
-  const char* note = "";
+  std::string note;
 };
 
 std::vector<int32_t> RowLengths(int batch, int lo, int hi, uint64_t seed) {
@@ -601,8 +601,8 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
   rows.push_back({"variant", 32, 8, 128, 16, 1, 131072, 131072, DType::kBF16, Layout::kKvFirst,
                   eight, "8 kv heads per block"});
   // The rows within a few percent of 0.9x, with all 8 kv heads in each block.
-  rows.push_back({"variant", 64, 8, 128, 16, 32, 4096, 4096, DType::kBF16, Layout::kKvFirst,
-                  eight, "8 kv heads per block"});
+  rows.push_back({"variant", 64, 8, 128, 16, 32, 4096, 4096, DType::kBF16, Layout::kKvFirst, eight,
+                  "8 kv heads per block"});
   rows.push_back({"variant", 32, 8, 64, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
                   "8 kv heads per block"});
   rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, e4, Layout::kKvFirst, eight,
@@ -612,6 +612,23 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.options.chunk = chunk;
     v.note = chunk == 512 ? "chunk 512" : "chunk 1024";
     rows.push_back(v);
+  }
+  // Chunks around the planned one on the rows within a few percent of 0.9x: does the planner's
+  // cost model pick the fastest cut on this device?
+  for (const auto& [row, chunks] : std::vector<std::pair<GqaRow, std::vector<int>>>{
+           {{"variant", 32, 8, 64, 16, 64, 128, 16384}, {1024, 2048, 3072}},
+           {{"variant", 16, 4, 256, 16, 32, 128, 16384}, {768, 1536, 2048}},
+           {{"variant", 28, 4, 128, 16, 64, 512, 8192}, {832, 1024, 2048}},
+           {{"variant", 32, 4, 128, 16, 64, 512, 8192}, {1024, 2048}},
+           {{"variant", 32, 8, 128, 16, 64, 128, 16384, e4}, {1024, 2048, 3280}},
+           {{"variant", 64, 8, 128, 16, 32, 4096, 4096}, {1024, 4096}},
+       }) {
+    for (int chunk : chunks) {
+      GqaRow v = row;
+      v.options.chunk = chunk;
+      v.note = "chunk " + std::to_string(chunk);
+      rows.push_back(v);
+    }
   }
   {
     GqaRow v{"variant", 48, 3, 128, 16, 64, 512, 8192};
@@ -719,15 +736,15 @@ void BenchGqa(const Options& opt, const Ceiling& ceil, FILE* csv) {
     const double tbs = bytes / (ms * 1e-3) / 1e12;
     const std::string lens_note = LensNote(r.batch, r.lo, r.hi);
     std::printf("| %s%s%s | %d/%d | %d | %s | %s | %d | %s | %.1f | %.2f | %.2fx | %.1f | %s |\n",
-                r.group, *r.note ? ", " : "", r.note, r.qo, r.kv, r.d, KvName(r.kv_type),
-                r.layout == Layout::kKvFirst ? "K/V-first" : "blocks-first", r.bs,
-                lens_note.c_str(), ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
+                r.group, r.note.empty() ? "" : ", ", r.note.c_str(), r.qo, r.kv, r.d,
+                KvName(r.kv_type), r.layout == Layout::kKvFirst ? "K/V-first" : "blocks-first",
+                r.bs, lens_note.c_str(), ms * 1e3, tbs, tbs / ceil.read_tbs, blind_ms * 1e3,
                 DescribePlan(plan.split).c_str());
     std::fflush(stdout);
     if (csv != nullptr && r.kv_type == DType::kBF16) {
       std::fprintf(csv, "gqa,%s%s%s,%d,%d,%d,%d,%d,%d,%d,%.6f,%.0f,%.4f\n", r.group,
-                   *r.note ? " " : "", r.note, r.qo, r.kv, r.d, r.bs, r.batch, r.lo, r.hi, ms,
-                   bytes, ceil.read_tbs);
+                   r.note.empty() ? "" : " ", r.note.c_str(), r.qo, r.kv, r.d, r.bs, r.batch, r.lo,
+                   r.hi, ms, bytes, ceil.read_tbs);
     }
     CUDA_OK(cudaFree(d_table));
     CUDA_OK(cudaFree(d_lens));
