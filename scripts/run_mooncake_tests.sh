@@ -128,9 +128,11 @@ for file in "${files[@]}"; do
   summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran|(passed|failed|error).* in [0-9.]+s" \
             "$logs/$name.log" | tail -1)
   passed=$(grep -oE "[0-9]+ passed" <<<"$summary" | grep -oE "[0-9]+" || echo 0)
-  others=$(grep -oE "[0-9]+ (failed|error|errors|skipped)" <<<"$summary" | grep -oE "[0-9]+" |
-           paste -sd+ | bc 2>/dev/null || echo 0)
-  run=$((passed + ${others:-0}))
+  others=0  # failed, errors and skipped, summed in the shell (no bc on the GPU machines)
+  for n in $(grep -oE "[0-9]+ (failed|error|errors|skipped)" <<<"$summary" | grep -oE "^[0-9]+"); do
+    others=$((others + n))
+  done
+  run=$((passed + others))
   total_pass=$((total_pass + passed)) total_run=$((total_run + run))
   printf '%-48s %3d/%-3d  %s\n' "$file" "$passed" "$run" "${summary:-(no summary: see $logs/$name.log)}"
 done
