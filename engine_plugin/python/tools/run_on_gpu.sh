@@ -7,12 +7,16 @@
 # bench.md, bench.json, example.log.
 #
 #   engine_plugin/python/tools/run_on_gpu.sh BUNDLE [host] [build] [test] [example] [bench]
-#                                            [-- BENCH_ARGS...]
+#                                            [mooncake] [-- BENCH_ARGS...]
 #   (default: build test example bench; example: examples/gpu_prefix_from_pool.py --start-pool,
 #   a producer and a consumer process over a Llama-3.1-8B-shaped model; host: what this
 #   machine charges for the round trips at a store's and a load's ends, into host.log:
 #   starting and waking a thread, a loopback TCP round trip, a call to the master, a 2 MiB x 32
-#   shared-memory put)
+#   shared-memory put; mooncake: Mooncake's own store tests, CUDA ones included, against the
+#   module built here (scripts/run_mooncake_tests.sh), from the copy of kvcache-ai/Mooncake at
+#   $MOONCAKE (carried: nothing of it is in this tree), the files $MOONCAKE_TESTS (default: the
+#   two with CUDA tests), modules they need that this machine lacks (msgpack) from
+#   $MOONCAKE_PYLIB if set; logs into mooncake_logs.tgz)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 bundle=$(cd "${1:?usage: run_on_gpu.sh BUNDLE [steps]}" && pwd)
@@ -98,6 +102,24 @@ if has example; then
     timeout ${KVPOOL_EXAMPLE_TIMEOUT:-240} python3 "$root/examples/gpu_prefix_from_pool.py" \
     --start-pool 2>&1 | tee "$out/example.log" | grep -E '^\{|Error|error' | tail -n 20
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+
+if has mooncake; then
+  # The runner expects a build tree: links to this machine's module and the bundle's master.
+  links=$work/build-links
+  mkdir -p "$links/server/master" "$links/engine_plugin/python" "$work/mooncake_logs"
+  ln -sfn "$bundle/bin/kvpool-master" "$links/server/master/kvpool-master"
+  ln -sfn "$site" "$links/engine_plugin/python/site"
+  ln -sfn "$root/engine_plugin/python/mooncake_shim" "$links/engine_plugin/python/site_mooncake"
+  [ -n "${MOONCAKE_PYLIB:-}" ] && cp -r "$MOONCAKE_PYLIB"/. "$site/"
+  KVPOOL_BUILD_DIR=$links PYTHON=python3 KVPOOL_MOONCAKE_TEST_LOGS=$work/mooncake_logs \
+    KVPOOL_MOONCAKE_TEST_TIMEOUT=${KVPOOL_MOONCAKE_TEST_TIMEOUT:-150} \
+    timeout 300 bash "$root/scripts/run_mooncake_tests.sh" "${MOONCAKE:?mooncake: set MOONCAKE}" \
+    ${MOONCAKE_TESTS:-mooncake-wheel/tests/test_put_get_tensor.py mooncake-wheel/tests/test_dummy_client.py} \
+    2>&1 | tee "$out/mooncake.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  grep -q "^total: \([0-9]*\)/\1 passed" "$out/mooncake.log" || rc=1
+  tar -czf "$out/mooncake_logs.tgz" -C "$work" mooncake_logs
 fi
 
 if has bench; then
