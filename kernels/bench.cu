@@ -533,12 +533,23 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
       {"full context", 64, 8, 128, 64, 64, 8192, 8192},
       {"full context", 64, 8, 128, 16, 128, 32768, 32768},
   };
+  // All 8 kv heads in each block (whole 2 KiB token rows), also on the one long sequence and
+  // the rows within a few percent of 0.9x.
   GqaDecodeOptions eight;
   eight.warps = 8;
-  rows.push_back({"variant", 64, 8, 128, 16, 128, 4096, 4096, DType::kBF16, Layout::kKvFirst, eight,
-                  "8 kv heads per block"});
-  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
-                  "8 kv heads per block"});
+  for (const GqaRow& r : std::vector<GqaRow>{
+           {"variant", 64, 8, 128, 16, 128, 4096, 4096},
+           {"variant", 32, 8, 128, 16, 64, 128, 16384},
+           {"variant", 32, 8, 128, 16, 1, 131072, 131072},
+           {"variant", 64, 8, 128, 16, 32, 4096, 4096},
+           {"variant", 32, 8, 64, 16, 64, 128, 16384},
+           {"variant", 32, 8, 128, 16, 64, 128, 16384, e4},
+       }) {
+    GqaRow v = r;
+    v.options = eight;
+    v.note = "8 kv heads per block";
+    rows.push_back(v);
+  }
   GqaDecodeOptions four, one;
   four.warps = 4;
   one.warps = 1;
@@ -589,33 +600,12 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.note = "merge launched plainly";
     rows.push_back(v);
   }
-  // Forced chunks on the 1-kv-head row: more, shorter items taken from the counter.
-  for (int chunk : {256, 512}) {
-    GqaRow v{"variant", 8, 1, 128, 16, 128, 512, 8192};
-    v.options.chunk = chunk;
-    v.note = chunk == 256 ? "chunk 256" : "chunk 512";
-    rows.push_back(v);
-  }
-  // The one long sequence of 8 kv heads: all heads of a token in one block (whole 2 KiB rows),
-  // or more, shorter items taken from the counter (the tail of 132 equal items).
-  rows.push_back({"variant", 32, 8, 128, 16, 1, 131072, 131072, DType::kBF16, Layout::kKvFirst,
-                  eight, "8 kv heads per block"});
-  // The rows within a few percent of 0.9x, with all 8 kv heads in each block.
-  rows.push_back({"variant", 64, 8, 128, 16, 32, 4096, 4096, DType::kBF16, Layout::kKvFirst, eight,
-                  "8 kv heads per block"});
-  rows.push_back({"variant", 32, 8, 64, 16, 64, 128, 16384, DType::kBF16, Layout::kKvFirst, eight,
-                  "8 kv heads per block"});
-  rows.push_back({"variant", 32, 8, 128, 16, 64, 128, 16384, e4, Layout::kKvFirst, eight,
-                  "8 kv heads per block"});
-  for (int chunk : {512, 1024}) {
-    GqaRow v{"variant", 32, 8, 128, 16, 1, 131072, 131072};
-    v.options.chunk = chunk;
-    v.note = chunk == 512 ? "chunk 512" : "chunk 1024";
-    rows.push_back(v);
-  }
-  // Chunks around the planned one on the rows within a few percent of 0.9x: does the planner's
-  // cost model pick the fastest cut on this device?
+  // Forced chunks: on the 1-kv-head row and the one long sequence, more, shorter items taken
+  // from the counter; on the rows within a few percent of 0.9x, cuts around the planned one
+  // (does the planner's cost model pick the fastest cut on this device?).
   for (const auto& [row, chunks] : std::vector<std::pair<GqaRow, std::vector<int>>>{
+           {{"variant", 8, 1, 128, 16, 128, 512, 8192}, {256, 512}},
+           {{"variant", 32, 8, 128, 16, 1, 131072, 131072}, {512, 1024}},
            {{"variant", 32, 8, 64, 16, 64, 128, 16384}, {1024, 2048, 3072}},
            {{"variant", 16, 4, 256, 16, 32, 128, 16384}, {768, 1536, 2048}},
            {{"variant", 28, 4, 128, 16, 64, 512, 8192}, {832, 1024, 2048}},
