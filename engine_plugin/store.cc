@@ -1,5 +1,7 @@
 #include "engine_plugin/store.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/net.h"
@@ -9,6 +11,41 @@ namespace kvpool::engine {
 namespace {
 
 absl::Status Closed() { return absl::FailedPreconditionError("the store is closed"); }
+
+// Runs `run(items, places)` on the items whose status is OK and returns per item its result,
+// or its status where that is not OK. `places` lists every item's parts in order.
+template <typename Result, typename Item, typename Run>
+std::vector<Result> OnValidItems(absl::Span<const Item> items,
+                                 const std::vector<absl::Status>& item_status,
+                                 absl::Span<const MemoryPlace> places, Run run) {
+  if (std::all_of(item_status.begin(), item_status.end(),
+                  [](const absl::Status& s) { return s.ok(); })) {
+    return run(items, places);
+  }
+  std::vector<Item> valid;
+  std::vector<MemoryPlace> valid_places;
+  size_t place = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (item_status[i].ok()) {
+      valid.push_back(items[i]);
+      valid_places.insert(valid_places.end(), places.begin() + place,
+                          places.begin() + place + items[i].parts.size());
+    }
+    place += items[i].parts.size();
+  }
+  std::vector<Result> results = run(absl::MakeConstSpan(valid), absl::MakeConstSpan(valid_places));
+  std::vector<Result> out;
+  out.reserve(items.size());
+  size_t next = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (item_status[i].ok()) {
+      out.push_back(std::move(results[next++]));
+    } else {
+      out.push_back(item_status[i]);
+    }
+  }
+  return out;
+}
 
 // Where the in-process segment listens, from Mooncake's local_hostname: an IP or a host name
 // ("localhost", "node-3"), with or without ":port". A name is resolved to the address the
@@ -131,15 +168,95 @@ std::vector<absl::StatusOr<bool>> Store::BatchExist(absl::Span<const std::string
 }
 
 std::vector<absl::Status> Store::BatchPut(absl::Span<const PutItem> items) {
+  return BatchPut(items, PutOptions{.replicas = config_.replica_num});
+}
+
+std::vector<absl::Status> Store::BatchPut(absl::Span<const PutItem> items,
+                                          const PutOptions& options) {
   std::shared_ptr<Client> c = client();
   if (c == nullptr) return std::vector<absl::Status>(items.size(), Closed());
-  return c->BatchPut(items, PutOptions{.replicas = config_.replica_num});
+  std::vector<absl::Status> item_status(items.size());
+  std::vector<MemoryPlace> places = PlacesOf(items, item_status);
+  auto put = [&](absl::Span<const PutItem> some) { return c->BatchPut(some, options); };
+  return OnValidItems<absl::Status>(
+      items, item_status, places,
+      [&](absl::Span<const PutItem> valid, absl::Span<const MemoryPlace> valid_places) {
+        bool device = std::any_of(valid_places.begin(), valid_places.end(),
+                                  [](MemoryPlace p) { return p.on_device(); });
+        return device ? staging_.Put(valid, valid_places, put) : put(valid);
+      });
 }
 
 std::vector<absl::StatusOr<uint64_t>> Store::BatchGet(absl::Span<const GetItem> items) {
   std::shared_ptr<Client> c = client();
   if (c == nullptr) return std::vector<absl::StatusOr<uint64_t>>(items.size(), Closed());
-  return c->BatchGet(items);
+  std::vector<absl::Status> item_status(items.size());
+  std::vector<MemoryPlace> places = PlacesOf(items, item_status);
+  auto get = [&](absl::Span<const GetItem> some) { return c->BatchGet(some); };
+  return OnValidItems<absl::StatusOr<uint64_t>>(
+      items, item_status, places,
+      [&](absl::Span<const GetItem> valid, absl::Span<const MemoryPlace> valid_places) {
+        bool device = std::any_of(valid_places.begin(), valid_places.end(),
+                                  [](MemoryPlace p) { return p.on_device(); });
+        return device ? staging_.Get(valid, valid_places, get) : get(valid);
+      });
+}
+
+MemoryPlace Store::RegisteredPlaceLocked(uint64_t ptr, uint64_t bytes, bool& found) const {
+  found = false;
+  auto it = buffers_.upper_bound(ptr);
+  if (it == buffers_.begin()) return {};
+  --it;
+  if (ptr - it->first >= it->second.bytes || bytes > it->second.bytes - (ptr - it->first)) {
+    return {};
+  }
+  found = true;
+  return it->second.place;
+}
+
+template <typename Item>
+std::vector<MemoryPlace> Store::PlacesOf(absl::Span<const Item> items,
+                                         std::vector<absl::Status>& item_status) {
+  // Without CUDA in this process there is no device memory: nothing to look up.
+  if (staging_.driver() == nullptr) {
+    size_t parts = 0;
+    for (const Item& item : items) parts += item.parts.size();
+    return std::vector<MemoryPlace>(parts);
+  }
+  std::vector<MemoryPlace> places;
+  std::vector<size_t> unknown;  // indices in `places` outside the registered buffers
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Item& item : items) {
+      for (const auto& part : item.parts) {
+        bool found = false;
+        places.push_back(
+            RegisteredPlaceLocked(reinterpret_cast<uint64_t>(part.data), part.size, found));
+        if (!found) unknown.push_back(places.size() - 1);
+      }
+    }
+  }
+  if (unknown.empty()) return places;
+  size_t next = 0;
+  size_t place = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (const auto& part : items[i].parts) {
+      if (next < unknown.size() && unknown[next] == place) {
+        ++next;
+        absl::StatusOr<MemoryPlace> located =
+            staging_.Locate(reinterpret_cast<uint64_t>(part.data), part.size);
+        if (located.ok()) {
+          places[place] = *located;
+        } else if (item_status[i].ok()) {
+          item_status[i] =
+              absl::Status(located.status().code(),
+                           absl::StrCat(items[i].key, ": ", located.status().message()));
+        }
+      }
+      ++place;
+    }
+  }
+  return places;
 }
 
 absl::Status Store::RegisterBuffer(uint64_t base, uint64_t bytes) {
@@ -150,7 +267,7 @@ absl::Status Store::RegisterBuffer(uint64_t base, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (client_ == nullptr) return Closed();
   auto it = buffers_.find(base);
-  if (it != buffers_.end() && it->second == bytes) return absl::OkStatus();
+  if (it != buffers_.end() && it->second.bytes == bytes) return absl::OkStatus();
   // The buffer starting at or before `base`, and the one after it, must not overlap.
   auto next = buffers_.upper_bound(base);
   if (next != buffers_.end() && next->first < base + bytes) {
@@ -160,13 +277,15 @@ absl::Status Store::RegisterBuffer(uint64_t base, uint64_t bytes) {
   }
   if (next != buffers_.begin()) {
     auto prev = std::prev(next);
-    if (prev->first + prev->second > base) {
+    if (prev->first + prev->second.bytes > base) {
       return absl::InvalidArgumentError(absl::StrCat("buffer [0x", absl::Hex(base), ", +", bytes,
                                                      ") overlaps the registered buffer at 0x",
                                                      absl::Hex(prev->first)));
     }
   }
-  buffers_.emplace(base, bytes);
+  absl::StatusOr<MemoryPlace> place = staging_.Locate(base, bytes);
+  if (!place.ok()) return place.status();
+  buffers_.emplace(base, Registered{.bytes = bytes, .place = *place});
   // With an RDMA device the buffer is registered now rather than on its first transfer;
   // without one there is nothing more to do.
   absl::Status registered = client_->RegisterMemory(reinterpret_cast<void*>(base), bytes);
@@ -185,7 +304,29 @@ absl::Status Store::UnregisterBuffer(uint64_t base) {
 
 std::vector<std::pair<uint64_t, uint64_t>> Store::RegisteredBuffers() const {
   absl::MutexLock lock(&mu_);
-  return {buffers_.begin(), buffers_.end()};
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const auto& [base, buffer] : buffers_) out.emplace_back(base, buffer.bytes);
+  return out;
+}
+
+absl::StatusOr<std::string> Store::ReadBytes(uint64_t ptr, size_t bytes) {
+  absl::StatusOr<MemoryPlace> place = staging_.Locate(ptr, bytes);
+  if (!place.ok()) return place.status();
+  std::string out(bytes, '\0');
+  absl::Status copied = staging_.CopyOut(out.data(), ptr, bytes, *place);
+  if (!copied.ok()) return copied;
+  return out;
+}
+
+absl::Status Store::WriteBytes(uint64_t ptr, absl::string_view data) {
+  absl::StatusOr<MemoryPlace> place = staging_.Locate(ptr, data.size());
+  if (!place.ok()) return place.status();
+  return staging_.CopyIn(ptr, data.data(), data.size(), *place);
+}
+
+bool Store::OnDevice(uint64_t ptr) {
+  absl::StatusOr<MemoryPlace> place = staging_.Locate(ptr, 1);
+  return place.ok() && place->on_device();
 }
 
 absl::Status Store::Put(absl::string_view key, absl::string_view value) {

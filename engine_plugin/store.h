@@ -5,6 +5,11 @@
 // that contributes that much memory to the pool, plus the buffers registered for transfers.
 // The Python module's kvpool.Store / kvpool.MooncakeDistributedStore wraps it.
 //
+// Buffers given by address (BatchPut, BatchGet, ReadBytes, WriteBytes) may be host memory or
+// CUDA device memory, as with Mooncake: device parts move through pinned host memory
+// (DeviceStaging). A device buffer must hold its final bytes when a put is called; a get's
+// device buffers hold theirs when it returns.
+//
 // Thread-safe. After Close() every call fails with FailedPrecondition (per key for batches).
 //
 // Errors per key are the client's (client/include/kvpool/client.h): AlreadyExists,
@@ -20,11 +25,12 @@
 #include "absl/container/btree_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/segment/segment.h"
+#include "engine_plugin/device_staging.h"
 #include "engine_plugin/store_backend.h"
 #include "engine_plugin/store_config.h"
 #include "kvpool/client.h"
 #include "server/segment/data_server.h"
+#include "server/segment/segment.h"
 
 namespace kvpool::engine {
 
@@ -46,6 +52,9 @@ class Store : public StoreBackend {
   std::vector<absl::StatusOr<bool>> BatchExist(absl::Span<const std::string> keys) override;
   // Stored with config.replica_num copies.
   std::vector<absl::Status> BatchPut(absl::Span<const PutItem> items) override;
+  // With per-call options (replicas, pin, placement). InvalidArgument for an item with a part
+  // that starts in device memory and runs past its allocation (nothing of it is read).
+  std::vector<absl::Status> BatchPut(absl::Span<const PutItem> items, const PutOptions& options);
   std::vector<absl::StatusOr<uint64_t>> BatchGet(absl::Span<const GetItem> items) override;
   // Records [base, base + bytes) as transfer memory. Registering the same range again is a
   // no-op; InvalidArgument for a null or empty range or one that overlaps another.
@@ -53,6 +62,11 @@ class Store : public StoreBackend {
 
   // NotFound if no buffer starts at `base`.
   absl::Status UnregisterBuffer(uint64_t base);
+  // `bytes` bytes at `ptr`, host or device memory (InvalidArgument past a device allocation).
+  absl::StatusOr<std::string> ReadBytes(uint64_t ptr, size_t bytes);
+  absl::Status WriteBytes(uint64_t ptr, absl::string_view data);
+  // Whether `ptr` is CUDA device memory (the CPU cannot touch it).
+  bool OnDevice(uint64_t ptr);
   std::vector<std::pair<uint64_t, uint64_t>> RegisteredBuffers() const;
 
   absl::Status Put(absl::string_view key, absl::string_view value);
@@ -79,13 +93,27 @@ class Store : public StoreBackend {
  private:
   Store(StoreConfig config, std::shared_ptr<Client> client,
         std::unique_ptr<segment::Segment> segment);
+  struct Registered {
+    uint64_t bytes = 0;
+    MemoryPlace place;
+  };
+  // Where each part of each item lives, in order, from the registered buffers (asking the
+  // driver only for parts outside them); per item OK or why its parts cannot be used. Empty
+  // when this process has no CUDA (every part is host memory).
+  template <typename Item>
+  std::vector<MemoryPlace> PlacesOf(absl::Span<const Item> items,
+                                    std::vector<absl::Status>& item_status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  MemoryPlace RegisteredPlaceLocked(uint64_t ptr, uint64_t bytes, bool& found) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreConfig config_;
   mutable absl::Mutex mu_;
   std::shared_ptr<Client> client_ ABSL_GUARDED_BY(mu_);
   // A segment hosted in this process (Mooncake's global_segment_size), or null.
   std::shared_ptr<segment::Segment> segment_ ABSL_GUARDED_BY(mu_);
-  absl::btree_map<uint64_t, uint64_t> buffers_ ABSL_GUARDED_BY(mu_);  // base -> bytes
+  absl::btree_map<uint64_t, Registered> buffers_ ABSL_GUARDED_BY(mu_);  // by base address
+  DeviceStaging staging_{DeviceStaging::Options{}};
 };
 
 }  // namespace kvpool::engine
