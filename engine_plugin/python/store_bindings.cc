@@ -235,17 +235,16 @@ PutOptions MakePutOptions(uint32_t replicas, int pin, bool prefer_local,
   return options;
 }
 
-// Stores `items` through the client with per-call options: per key 0 or the negative code
-// (-705 for a key stored already, as the client reports it).
+// Stores `items` with per-call options: per key 0 or the negative code (-705 for a key
+// stored already, as the client reports it). Parts may be host or device memory.
 std::vector<int> PutWithOptions(PyStore& self, const std::vector<PutItem>& items,
                                 const PutOptions& options) {
   std::shared_ptr<Store> store = self.store;
-  std::shared_ptr<Client> client = store == nullptr ? nullptr : store->client();
-  if (client == nullptr) return std::vector<int>(items.size(), ToErrorCode(NotSetUp()));
+  if (store == nullptr) return std::vector<int>(items.size(), ToErrorCode(NotSetUp()));
   std::vector<absl::Status> results;
   {
     py::gil_scoped_release release;
-    results = client->BatchPut(items, options);
+    results = store->BatchPut(items, options);
   }
   std::vector<int> out;
   out.reserve(results.size());
@@ -308,6 +307,11 @@ batch_put_from[_multi_buffers] and batch_get_into[_multi_buffers] give per key t
 moved or a negative code (-200 NO_AVAILABLE_HANDLE when the pool is under pressure, -704
 OBJECT_NOT_FOUND, -705 OBJECT_ALREADY_EXISTS: the key is stored already, nothing written);
 get returns the value or b"" on failure. Failures are logged with their reason.
+
+Buffer addresses (register_buffer, put_from, get_into and their batch and multi-buffer forms)
+may be host memory or CUDA device memory, as with Mooncake: device bytes move through pinned
+host memory. A device buffer must hold its final bytes when a put is called (synchronize the
+stream that wrote it first); a get's device buffers hold theirs when it returns.
 )doc");
   store.def(py::init<>())
       .def("setup", &SetupFromDict, py::arg("config"),
@@ -348,9 +352,8 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           "batch_get_into_multi_buffers",
           [](PyStore& self, const std::vector<std::string>& keys,
              const std::vector<std::vector<uintptr_t>>& ptrs,
-             const std::vector<std::vector<size_t>>& sizes, bool /*prefer_same_node*/) {
-            return BatchGetMulti(self, keys, ptrs, sizes);
-          },
+             const std::vector<std::vector<size_t>>& sizes,
+             bool /*prefer_same_node*/) { return BatchGetMulti(self, keys, ptrs, sizes); },
           py::arg("keys"), py::arg("all_buffer_ptrs"), py::arg("all_sizes"),
           py::arg("prefer_alloc_in_same_node") = false,
           "Reads each key's value scattered over its buffers; per key the bytes read or a "
@@ -485,6 +488,47 @@ get returns the value or b"" on failure. Failures are logged with their reason.
           py::arg("keys"), py::arg("ptrs"), py::arg("sizes"), py::arg("replicas") = 1,
           py::arg("pin") = 0, py::arg("prefer_local") = false,
           py::arg("preferred_segments") = std::vector<std::string>{})
+      .def(
+          "_read_bytes",
+          [](PyStore& self, uintptr_t ptr, size_t size) -> py::object {
+            std::shared_ptr<Store> store = self.store;
+            if (store == nullptr) return py::int_(ToErrorCode(NotSetUp()));
+            absl::StatusOr<std::string> bytes;
+            {
+              py::gil_scoped_release release;
+              bytes = store->ReadBytes(ptr, size);
+            }
+            if (!bytes.ok()) {
+              KVPOOL_LOG(ERROR) << "read of " << size << " bytes at "
+                                << absl::StrCat("0x", absl::Hex(ptr)) << ": " << bytes.status();
+              return py::int_(ToErrorCode(bytes.status()));
+            }
+            return py::bytes(*bytes);
+          },
+          py::arg("ptr"), py::arg("size"),
+          "The bytes at ptr (host or CUDA device memory), or a negative code.")
+      .def(
+          "_write_bytes",
+          [](PyStore& self, uintptr_t ptr, const py::bytes& data) {
+            absl::string_view view(PyBytes_AS_STRING(data.ptr()),
+                                   static_cast<size_t>(PyBytes_GET_SIZE(data.ptr())));
+            absl::Status written =
+                WithStore(self, [&](Store& s) { return s.WriteBytes(ptr, view); });
+            if (!written.ok()) {
+              KVPOOL_LOG(ERROR) << "write of " << view.size() << " bytes at "
+                                << absl::StrCat("0x", absl::Hex(ptr)) << ": " << written;
+            }
+            return ToErrorCode(written);
+          },
+          py::arg("ptr"), py::arg("data"),
+          "Writes data at ptr (host or CUDA device memory): 0 or a negative code.")
+      .def(
+          "_on_device",
+          [](PyStore& self, uintptr_t ptr) {
+            std::shared_ptr<Store> store = self.store;
+            return store != nullptr && store->OnDevice(ptr);
+          },
+          py::arg("ptr"), "Whether ptr is CUDA device memory.")
       .def(
           "_put_values",
           [](PyStore& self, const std::vector<std::string>& keys, const py::list& values,

@@ -157,3 +157,22 @@ def tensor_from(buf, parsed):
     raw = torch.frombuffer(buf, dtype=torch.uint8, count=parsed.data_bytes,
                            offset=parsed.data_offset)
     return raw.view(parsed.dtype).reshape(parsed.shape)
+
+
+class _DeviceBytes:
+    """`nbytes` bytes of CUDA device memory at `ptr`, seen by torch through the CUDA array
+    interface (the memory stays the caller's; the tensor only points at it)."""
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+            "strides": None}
+
+
+def device_tensor_from(ptr, parsed):
+    """A CUDA tensor over the data of the tensor object at device address `ptr` (no copy)."""
+    if parsed.data_bytes == 0:
+        return torch.empty(parsed.shape, dtype=parsed.dtype, device="cuda")
+    raw = torch.as_tensor(_DeviceBytes(ptr + parsed.data_offset, parsed.data_bytes),
+                          device="cuda")
+    return raw.view(parsed.dtype).reshape(parsed.shape)

@@ -717,9 +717,11 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
                 if bad:
                     per_buffer.append([INVALID_PARAMS] * len(d))
                     continue
-                for dst, src, size in zip(d, s, n):
-                    ctypes.memmove(ptr + dst, value[src:src + size], size)
-                per_buffer.append(list(n))
+                # Host or device memory: the module writes either.
+                codes = [_kvpool.Store._write_bytes(self, ptr + dst, value[src:src + size])
+                         for dst, src, size in zip(d, s, n)]
+                failed = next((c for c in codes if c != OK), None)
+                per_buffer.append(list(n) if failed is None else [failed] * len(d))
             out.append(per_buffer)
         return out
 
@@ -854,8 +856,11 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             _log.error("%s: %d bytes cannot hold a tensor object (header %d)", method, size,
                        _tensor.HEADER_SIZE)
             return False
+        head = _kvpool.Store._read_bytes(self, buffer_ptr, _tensor.HEADER_SIZE)
+        if not isinstance(head, bytes):
+            return False
         try:
-            _tensor.parse((ctypes.c_char * size).from_address(buffer_ptr), size)
+            _tensor.parse(head, size)
         except _tensor.TensorFormatError as e:
             _log.error("%s: %s", method, e)
             return False
@@ -921,9 +926,16 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             if n < 0:
                 out.append(None)
                 continue
-            buf = (ctypes.c_char * n).from_address(ptr)
             try:
-                out.append(_tensor.tensor_from(buf, _tensor.parse(buf, n)))
+                if _kvpool.Store._on_device(self, ptr):
+                    head = _kvpool.Store._read_bytes(self, ptr, min(n, _tensor.HEADER_SIZE))
+                    if not isinstance(head, bytes):
+                        out.append(None)
+                        continue
+                    out.append(_tensor.device_tensor_from(ptr, _tensor.parse(head, n)))
+                else:
+                    buf = (ctypes.c_char * n).from_address(ptr)
+                    out.append(_tensor.tensor_from(buf, _tensor.parse(buf, n)))
             except _tensor.TensorFormatError as e:
                 _log.error("get_tensor_into(%s): %s", key, e)
                 out.append(None)
@@ -1026,8 +1038,12 @@ class MooncakeDistributedStore(_parallel.ParallelismMixin, _sessions.SessionMixi
             return INVALID_PARAMS
         if tp_size <= 1:
             return self.put_from(key, buffer_ptr, size, config)
-        buf = (ctypes.c_char * size).from_address(buffer_ptr)
-        tensor = _tensor.tensor_from(buf, _tensor.parse(buf, size))
+        if _kvpool.Store._on_device(self, buffer_ptr):
+            head = _kvpool.Store._read_bytes(self, buffer_ptr, _tensor.HEADER_SIZE)
+            tensor = _tensor.device_tensor_from(buffer_ptr, _tensor.parse(head, size))
+        else:
+            buf = (ctypes.c_char * size).from_address(buffer_ptr)
+            tensor = _tensor.tensor_from(buf, _tensor.parse(buf, size))
         return self._put_with_tp("put_tensor_with_tp_from", [key], [tensor], config, tp_size,
                                  split_dim)[0]
 

@@ -553,3 +553,138 @@ def test_gqa_decode_under_torch_compile_and_cuda_graphs():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_o, ops.gqa_decode(q2, cache, bt, sl))
+
+
+# --- Mooncake's raw-pointer calls on GPU memory ---------------------------------------------
+# Engines written for mooncake.store (the seed's MooncakeStoreConnector) register their GPU KV
+# cache with register_buffer and pass block addresses to batch_put_from_multi_buffers /
+# batch_get_into_multi_buffers; Mooncake's own test_cuda_local_copy_paths calls get_into on a
+# CUDA tensor. These run those calls, unchanged, on CUDA memory.
+
+
+@pytest.fixture
+def mooncake_store(pool):
+    from kvpool.store import MooncakeDistributedStore
+
+    master = pool.master(embedded_segment_size="512MiB")
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master) == 0
+    yield store
+    store.close()
+
+
+def layer_caches(layers, blocks, block_bytes, seed):
+    """One uint8 CUDA tensor [blocks, block_bytes] per layer, random bytes."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randint(0, 256, (blocks, block_bytes), dtype=torch.uint8, device="cuda",
+                          generator=g) for _ in range(layers)]
+
+
+def block_addrs(caches, block):
+    return [c[block].data_ptr() for c in caches], [c[block].numel() for c in caches]
+
+
+@pytest.mark.parametrize("register", [True, False], ids=["registered", "unregistered"])
+def test_mooncake_multi_buffer_calls_move_gpu_cache_blocks(mooncake_store, register):
+    """The connector's pattern: one key per block, one buffer per layer; stored from one GPU
+    cache, loaded into other blocks of another, byte for byte."""
+    layers, blocks, block_bytes = 4, 64, 32 << 10
+    src = layer_caches(layers, blocks, block_bytes, seed=1)
+    dst = [torch.zeros_like(c) for c in src]
+    if register:
+        for c in src + dst:
+            assert mooncake_store.register_buffer(c.data_ptr(), c.numel()) == 0
+    torch.cuda.synchronize()
+    keys = [f"gpu-block-{register}-{b}" for b in range(blocks)]
+    addrs, sizes = zip(*(block_addrs(src, b) for b in range(blocks)))
+    # Mooncake's convention: 0 per key stored.
+    assert mooncake_store.batch_put_from_multi_buffers(keys, list(addrs), list(sizes)) == [
+        0] * blocks
+    # Loaded into the blocks in reverse order, with one key absent.
+    order = list(reversed(range(blocks)))
+    get_keys = keys[:-1] + ["never-stored"]
+    addrs, sizes = zip(*(block_addrs(dst, b) for b in order))
+    got = mooncake_store.batch_get_into_multi_buffers(get_keys, list(addrs), list(sizes))
+    assert got[:-1] == [layers * block_bytes] * (blocks - 1)
+    assert got[-1] == kvpool.OBJECT_NOT_FOUND
+    for s, d in zip(src, dst):
+        assert torch.equal(d[order[:-1]], s[: blocks - 1])
+        assert not d[order[-1]].any()  # the absent key's blocks untouched
+
+
+def test_mooncake_single_calls_on_cuda_tensors(mooncake_store):
+    """Mooncake's test_cuda_local_copy_paths and the other single-key forms."""
+    raw = bytes(range(256)) * 4
+    assert mooncake_store.put("raw", raw) == 0
+    dst = torch.empty(len(raw), dtype=torch.uint8, device="cuda")
+    assert mooncake_store.get_into("raw", dst.data_ptr(), len(raw)) == len(raw)
+    assert torch.equal(dst.cpu(), torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    src = torch.arange(4096, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    assert mooncake_store.put_from("from-gpu", src.data_ptr(), src.numel() * 4) == 0
+    assert mooncake_store.get("from-gpu") == src.cpu().numpy().tobytes()
+    # batch_put_from / batch_get_into, CPU and GPU buffers mixed in one call.
+    cpu = torch.arange(1024, dtype=torch.uint8)
+    assert mooncake_store.batch_put_from(["mixed-gpu", "mixed-cpu"],
+                                         [src.data_ptr(), cpu.data_ptr()],
+                                         [src.numel() * 4, cpu.numel()]) == [0, 0]
+    out_gpu = torch.zeros_like(src)
+    out_cpu = torch.zeros_like(cpu)
+    assert mooncake_store.batch_get_into(["mixed-gpu", "mixed-cpu"],
+                                         [out_gpu.data_ptr(), out_cpu.data_ptr()],
+                                         [src.numel() * 4, cpu.numel()]) == [src.numel() * 4,
+                                                                            cpu.numel()]
+    assert torch.equal(out_gpu, src) and torch.equal(out_cpu, cpu)
+
+
+def test_mooncake_range_reads_and_tensor_buffers_on_gpu(mooncake_store):
+    value = bytes(range(200))
+    assert mooncake_store.put("ranges", value) == 0
+    dst = torch.zeros(64, dtype=torch.uint8, device="cuda")
+    got = mooncake_store.get_into_ranges([dst.data_ptr()], [["ranges"]], [[[0, 32]]],
+                                         [[[10, 100]]], [[[16, 8]]])
+    assert got == [[[16, 8]]]
+    expected = torch.zeros(64, dtype=torch.uint8)
+    expected[0:16] = torch.arange(10, 26, dtype=torch.uint8)
+    expected[32:40] = torch.arange(100, 108, dtype=torch.uint8)
+    assert torch.equal(dst.cpu(), expected)
+    # A stored tensor object read into a CUDA buffer comes back as a CUDA tensor over it.
+    t = torch.randn(8, 16, device="cuda")
+    assert mooncake_store.put_tensor("tensor", t) == 0
+    size = mooncake_store.get_size("tensor")
+    buf = torch.zeros(size, dtype=torch.uint8, device="cuda")
+    out = mooncake_store.get_tensor_into("tensor", buf.data_ptr(), size)
+    assert out is not None and out.is_cuda and torch.equal(out, t)
+    # ... and stored again from there (put_tensor_from reads its header on the GPU).
+    assert mooncake_store.put_tensor_from("tensor-again", buf.data_ptr(), size) == 0
+    assert torch.equal(mooncake_store.get_tensor("tensor-again"), t.cpu())
+
+
+def test_mooncake_gpu_parts_are_checked_against_their_allocation(mooncake_store):
+    """A part running past the end of its CUDA allocation fails its key (nothing read past
+    it); the other keys of the call are stored."""
+    t = torch.ones(4096, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    base = t.untyped_storage().data_ptr()
+    codes = mooncake_store.batch_put_from(["ok", "too-long"], [t.data_ptr(), base],
+                                          [4096, 1 << 40])
+    assert codes[0] == 0
+    assert codes[1] == kvpool.INVALID_PARAMS
+    assert mooncake_store.is_exist("too-long") == 0
+
+
+def test_mooncake_gpu_batch_larger_than_the_staging_window(mooncake_store):
+    """128 MiB in one call: moved in windows of 64 MiB of pinned memory, in order."""
+    layers, blocks, block_bytes = 2, 32, 2 << 20
+    src = layer_caches(layers, blocks, block_bytes, seed=2)
+    dst = [torch.zeros_like(c) for c in src]
+    torch.cuda.synchronize()
+    keys = [f"big-{b}" for b in range(blocks)]
+    addrs, sizes = zip(*(block_addrs(src, b) for b in range(blocks)))
+    assert mooncake_store.batch_put_from_multi_buffers(keys, list(addrs), list(sizes)) == [
+        0] * blocks
+    addrs, sizes = zip(*(block_addrs(dst, b) for b in range(blocks)))
+    assert mooncake_store.batch_get_into_multi_buffers(keys, list(addrs), list(sizes)) == [
+        layers * block_bytes] * blocks
+    for s, d in zip(src, dst):
+        assert torch.equal(s, d)

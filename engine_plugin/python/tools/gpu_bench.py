@@ -17,7 +17,10 @@
    the TCP row is one run;
 4. mla: a DeepSeek-shaped latent cache (61 layers x (blocks, 64, 576)) stored and loaded
    through StoreWorker(use_mla=True), then kvpool.ops.mla_decode over the loaded cache against
-   torch reference math.
+   torch reference math;
+5. mooncake: the seed connector's calls through kvpool's Mooncake API, unchanged, on a GPU
+   cache (batch_put_from_multi_buffers / batch_get_into_multi_buffers of registered block
+   addresses, staged through pinned memory) against a pinned copy of the same bytes.
 
 Writes bench.json and bench.md into --out and prints the tables.
 """
@@ -782,10 +785,82 @@ def bench_mla(master, args):
     torch.cuda.empty_cache()
 
 
+# --- 5. Mooncake's raw-pointer calls on a GPU cache --------------------------------------
+
+def bench_mooncake(master, args):
+    """The seed connector's calls, unchanged, on a GPU cache: one key per block, one buffer
+    per layer and K/V (Llama-3.1-8B shape: 32 layers, blocks of 16 tokens x 8 heads x 128,
+    bf16: 64 buffers of 32 KiB, 2 MiB per key), the cache registered with register_buffer;
+    batch_put_from_multi_buffers / batch_get_into_multi_buffers of mc_batch keys per call."""
+    from kvpool.store import MooncakeDistributedStore
+
+    layers, bs, heads, d = 32, 16, 8, 128
+    n, per_call = args.mc_blocks, args.mc_batch
+    caches = [torch.randn(2 * n, bs, heads, d, device="cuda", dtype=torch.bfloat16)
+              for _ in range(2 * layers)]
+    part = bs * heads * d * 2
+    nbytes = n * part * len(caches)
+    pin = pinned_copy(nbytes)
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", master) == 0
+    for c in caches:
+        assert store.register_buffer(c.data_ptr(), c.numel() * c.element_size()) == 0
+
+    def buffers(ids):
+        return ([[c[i].data_ptr() for c in caches] for i in ids],
+                [[part] * len(caches) for _ in ids])
+
+    src_ptrs, sizes = buffers(range(n))
+    dst_ptrs, _ = buffers(range(n, 2 * n))
+    rep = [0]
+
+    def do_store():
+        rep[0] += 1
+        keys = [f"mc/{rep[0]}/{i}" for i in range(n)]
+        torch.cuda.synchronize()
+        for b in range(0, n, per_call):
+            codes = store.batch_put_from_multi_buffers(keys[b:b + per_call],
+                                                       src_ptrs[b:b + per_call],
+                                                       sizes[b:b + per_call])
+            assert codes == [0] * len(codes), set(codes)  # Mooncake's convention: 0 stored
+
+    t_store = timed(do_store, reps=args.reps)
+    load_keys = [f"mc/{rep[0]}/{i}" for i in range(n)]
+
+    def do_load():
+        for b in range(0, n, per_call):
+            codes = store.batch_get_into_multi_buffers(load_keys[b:b + per_call],
+                                                       dst_ptrs[b:b + per_call],
+                                                       sizes[b:b + per_call])
+            assert codes == [part * len(caches)] * len(codes), set(codes)
+
+    t_load = timed(do_load, reps=args.reps)
+    equal = all(torch.equal(c[:n], c[n:]) for c in caches)
+    store.remove_all(True)
+    store.close()
+    r = {"bytes": nbytes, "keys": n, "keys_per_call": per_call, "buffers_per_key": len(caches),
+         "store_GBps": nbytes / t_store / 1e9, "load_GBps": nbytes / t_load / 1e9,
+         "pinned_d2h_GBps": pin["d2h"], "pinned_h2d_GBps": pin["h2d"],
+         "loaded_equals_source": equal}
+    results["mooncake"] = r
+    say(f"## Mooncake's multi-buffer calls on a GPU cache ({n} keys of {len(caches)} x "
+        f"{part >> 10} KiB, {per_call} keys per call, {nbytes / GiB:.2f} GiB; same-host pool)")
+    say("| | GB/s | x pinned copy |")
+    say("|---|---|---|")
+    say(f"| batch_put_from_multi_buffers | {r['store_GBps']:.1f} | "
+        f"{r['store_GBps'] / pin['d2h']:.2f} |")
+    say(f"| batch_get_into_multi_buffers | {r['load_GBps']:.1f} | "
+        f"{r['load_GBps'] / pin['h2d']:.2f} |")
+    say(f"loaded cache == source: {equal}")
+    say()
+    del caches
+    torch.cuda.empty_cache()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=".")
-    p.add_argument("--sections", default="bandwidth,ops,ttft,mla")
+    p.add_argument("--sections", default="bandwidth,ops,ttft,mla,mooncake")
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[2, 8, 32])
     p.add_argument("--decode-tokens", type=int, default=8)
@@ -804,6 +879,8 @@ def main():
                    help="start the segment with --prefault=false (tests' setting)")
     p.add_argument("--mla-layers", type=int, default=61)
     p.add_argument("--mla-tokens", type=int, default=16384)
+    p.add_argument("--mc-blocks", type=int, default=512)
+    p.add_argument("--mc-batch", type=int, default=64)
     args = p.parse_args()
     sections = args.sections.split(",")
     pool = Pool()
@@ -820,7 +897,8 @@ def main():
         for name, fn in (("bandwidth", lambda: bench_bandwidth(master, args)),
                          ("ops", lambda: bench_ops(args)),
                          ("ttft", lambda: bench_ttft(master, args)),
-                         ("mla", lambda: bench_mla(master, args))):
+                         ("mla", lambda: bench_mla(master, args)),
+                         ("mooncake", lambda: bench_mooncake(master, args))):
             if name not in sections:
                 continue
             t = time.perf_counter()
