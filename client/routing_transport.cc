@@ -1,6 +1,7 @@
 #include "client/routing_transport.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/log.h"
 
@@ -10,6 +11,13 @@ namespace {
 // After a failed or refused attach, TCP only for this long before asking again.
 constexpr absl::Duration kRetryAttachAfter = absl::Seconds(10);
 
+// A batch's shared-memory copies are shared among threads from this many bytes on ...
+constexpr uint64_t kParallelCopyBytes = uint64_t{8} << 20;
+// ... by the caller and this many more: a few reach a host's memory bandwidth.
+int CopyThreads() {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 1, 3);
+}
+
 }  // namespace
 
 RoutingTransport::RoutingTransport(TransportKind kind, ShmResolver resolver,
@@ -17,7 +25,8 @@ RoutingTransport::RoutingTransport(TransportKind kind, ShmResolver resolver,
     : kind_(kind),
       resolver_(std::move(resolver)),
       tcp_(tcp_options),
-      rdma_(std::move(rdma_device)) {}
+      rdma_(std::move(rdma_device)),
+      copiers_(CopyThreads()) {}
 
 std::shared_ptr<const ShmTransport::Pool> RoutingTransport::LocalPool(const std::string& endpoint,
                                                                       uint64_t incarnation) {
@@ -105,9 +114,10 @@ std::vector<TransferOp*> RoutingTransport::CopyShared(
   absl::Time now = absl::Now();
   // Writes by pool, each fenced by a write intent; reads are copied at once.
   std::vector<std::pair<const ShmTransport::Pool*, std::vector<TransferOp*>>> writes;
+  std::vector<std::pair<const ShmTransport::Pool*, TransferOp*>> reads;
   for (const auto& [op, pool] : shm_ops) {
     if (op->opcode != wire::Opcode::kWrite) {
-      ShmTransport::Copy(*pool, *op, now);
+      reads.emplace_back(pool.get(), op);
       continue;
     }
     auto it = std::find_if(writes.begin(), writes.end(),
@@ -115,6 +125,7 @@ std::vector<TransferOp*> RoutingTransport::CopyShared(
     if (it == writes.end()) it = writes.insert(writes.end(), {pool.get(), {}});
     it->second.push_back(op);
   }
+  CopyAll(reads, now);
   for (auto& [pool, pool_ops] : writes) {
     std::vector<wire::ShmIntent> intents;
     intents.reserve(pool_ops.size());
@@ -135,15 +146,17 @@ std::vector<TransferOp*> RoutingTransport::CopyShared(
       continue;
     }
     std::vector<uint64_t> done;
+    std::vector<std::pair<const ShmTransport::Pool*, TransferOp*>> accepted;
     done.reserve(pool_ops.size());
     for (size_t k = 0; k < pool_ops.size(); ++k) {
       if (!(*begun)[k].ok()) {
         pool_ops[k]->status = (*begun)[k].status();
         continue;
       }
-      ShmTransport::Copy(*pool, *pool_ops[k], now);
+      accepted.emplace_back(pool, pool_ops[k]);
       done.push_back(*(*begun)[k]);
     }
+    CopyAll(accepted, now);
     if (!done.empty()) {
       if (absl::Status ended = ShmTransport::EndWrites(*pool, done); !ended.ok()) {
         shm_.Forget(pool_ops[0]->endpoint, pool);  // its close ended the intents all the same
@@ -151,6 +164,32 @@ std::vector<TransferOp*> RoutingTransport::CopyShared(
     }
   }
   return failed_over;
+}
+
+void RoutingTransport::CopyAll(
+    absl::Span<const std::pair<const ShmTransport::Pool*, TransferOp*>> ops, absl::Time now) {
+  uint64_t total = 0;
+  for (const auto& [pool, op] : ops) total += op->length;
+  size_t tasks = total < kParallelCopyBytes ? 1 : std::min<size_t>(copiers_.size() + 1, ops.size());
+  if (tasks <= 1) {
+    for (const auto& [pool, op] : ops) ShmTransport::Copy(*pool, *op, now);
+    return;
+  }
+  // Runs of consecutive ops of about equal bytes, one per task.
+  std::vector<std::function<void()>> work;
+  size_t begin = 0;
+  uint64_t done = 0;
+  for (size_t t = 0; t < tasks && begin < ops.size(); ++t) {
+    uint64_t target = total * (t + 1) / tasks;
+    size_t end = begin;
+    while (end < ops.size() && (end == begin || done < target)) done += ops[end++].second->length;
+    if (t + 1 == tasks) end = ops.size();
+    work.push_back([ops, begin, end, now] {
+      for (size_t k = begin; k < end; ++k) ShmTransport::Copy(*ops[k].first, *ops[k].second, now);
+    });
+    begin = end;
+  }
+  copiers_.Run(std::move(work));
 }
 
 std::vector<absl::StatusOr<uint64_t>> RoutingTransport::BeginLocalWrites(

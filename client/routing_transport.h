@@ -80,6 +80,10 @@ class RoutingTransport final : public Transport {
   // the writes to run over TCP instead (their pool's connection broke before any copy).
   std::vector<TransferOp*> CopyShared(
       absl::Span<const std::pair<TransferOp*, std::shared_ptr<const ShmTransport::Pool>>> shm_ops);
+  // ShmTransport::Copy of every op, on copiers_ as well for large batches (one thread's
+  // memcpy leaves most of a host's memory bandwidth unused).
+  void CopyAll(absl::Span<const std::pair<const ShmTransport::Pool*, TransferOp*>> ops,
+               absl::Time now);
 
   const TransportKind kind_;
   const ShmResolver resolver_;
@@ -89,6 +93,7 @@ class RoutingTransport final : public Transport {
   // Runs a batch's TCP ops while the calling thread copies through shared memory or posts
   // RDMA requests (batches that mix them only; threads kept, not spawned per batch).
   TaskPool mixed_{2};
+  TaskPool copiers_;
   absl::Mutex mu_;
   // Endpoints where attaching failed, and when to try again.
   absl::flat_hash_map<std::string, absl::Time> retry_after_ ABSL_GUARDED_BY(mu_);

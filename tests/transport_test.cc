@@ -85,6 +85,43 @@ TEST(SharedMemoryTest, SameMachineClientsCopyThroughSharedMemory) {
   EXPECT_EQ(SegmentTcpRequests(*segment), 2);
 }
 
+// A batch of more than 8 MiB is copied by several threads (RoutingTransport::CopyAll), each
+// a run of the batch's keys: every key's bytes land where they belong, both ways.
+TEST(SharedMemoryTest, LargeBatchesAreCopiedByteForByteOnSeveralThreads) {
+  absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "128MiB");
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kSharedMemory);
+  // Sizes of every scale, so that the threads' runs hold different numbers of keys.
+  std::vector<std::string> values;
+  std::vector<PutItem> items;
+  for (int i = 0; i < 40; ++i) {
+    size_t size = i % 4 == 0 ? (size_t{3} << 20) + i : size_t{4096} * (i + 1) + 7;
+    values.push_back(testing::RandomValue(size, 1000 + i));
+  }
+  for (int i = 0; i < 40; ++i) {
+    const std::string& v = values[i];
+    items.push_back(
+        {.key = "big-batch-" + std::to_string(i),
+         .parts = {{v.data(), v.size() / 3}, {v.data() + v.size() / 3, v.size() - v.size() / 3}}});
+  }
+  for (const absl::Status& s : client->BatchPut(items)) ASSERT_TRUE(s.ok()) << s;
+  std::vector<std::string> back;
+  std::vector<GetItem> gets;
+  for (int i = 0; i < 40; ++i) back.emplace_back(values[i].size(), '\0');
+  for (int i = 0; i < 40; ++i) {
+    gets.push_back({.key = items[i].key, .parts = {{back[i].data(), back[i].size()}}});
+  }
+  std::vector<absl::StatusOr<uint64_t>> read = client->BatchGet(gets);
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(read[i].ok()) << items[i].key << ": " << read[i].status();
+    EXPECT_EQ(*read[i], values[i].size());
+    EXPECT_TRUE(back[i] == values[i]) << items[i].key;
+  }
+  EXPECT_EQ(SegmentTcpRequests(*segment), 0) << "bytes went over TCP";
+}
+
 TEST(SharedMemoryTest, RefusedClientFallsBackToTcp) {
   absl::StatusOr<MasterProcess> master = testing::StartMaster({"--embedded-segment-size=0"});
   ASSERT_TRUE(master.ok()) << master.status();
