@@ -262,6 +262,34 @@ void DeviceStaging::FreeLocked(const Pinned& pinned) {
   if (current.status().ok()) driver_->MemFreeHost(pinned.data);
 }
 
+template <typename Item>
+absl::StatusOr<DeviceStaging::Staged<Item>> DeviceStaging::Stage(
+    absl::Span<const Item> window, absl::Span<const MemoryPlace> places, uint64_t device_bytes) {
+  Staged<Item> staged;
+  staged.items.assign(window.begin(), window.end());
+  size_t place = 0;
+  void* first_context = nullptr;
+  for (size_t i = 0; i < staged.items.size(); ++i) {
+    for (size_t j = 0; j < staged.items[i].parts.size(); ++j, ++place) {
+      if (!places[place].on_device()) continue;
+      if (first_context == nullptr) first_context = places[place].device_context;
+      staged.copies.push_back(Copy{.device = Address(staged.items[i].parts[j]),
+                                   .bytes = staged.items[i].parts[j].size,
+                                   .context = places[place].device_context});
+      staged.where.emplace_back(i, j);
+    }
+  }
+  absl::StatusOr<Pinned> pinned = Acquire(device_bytes, first_context);
+  if (!pinned.ok()) return pinned.status();
+  staged.pinned = *pinned;
+  LayOut(staged.copies, staged.pinned.data);
+  for (size_t k = 0; k < staged.copies.size(); ++k) {
+    auto [i, j] = staged.where[k];
+    staged.items[i].parts[j].data = staged.copies[k].host;
+  }
+  return staged;
+}
+
 std::vector<absl::Status> DeviceStaging::Put(absl::Span<const PutItem> items,
                                              absl::Span<const MemoryPlace> places, PutFn put) {
   std::vector<absl::Status> out;
@@ -272,37 +300,19 @@ std::vector<absl::Status> DeviceStaging::Put(absl::Span<const PutItem> items,
       for (absl::Status& s : put(window)) out.push_back(std::move(s));
       continue;
     }
-    std::vector<PutItem> staged(window.begin(), window.end());
-    std::vector<Copy> copies;
-    std::vector<std::pair<size_t, size_t>> where;  // (item, part) of each copy
-    size_t place = w.first_place;
-    void* first_context = nullptr;
-    for (size_t i = 0; i < staged.size(); ++i) {
-      for (size_t j = 0; j < staged[i].parts.size(); ++j, ++place) {
-        if (!places[place].on_device()) continue;
-        if (first_context == nullptr) first_context = places[place].device_context;
-        copies.push_back(Copy{.device = Address(staged[i].parts[j]),
-                              .bytes = staged[i].parts[j].size,
-                              .context = places[place].device_context});
-        where.emplace_back(i, j);
-      }
-    }
-    absl::StatusOr<Pinned> pinned = Acquire(w.device_bytes, first_context);
-    if (!pinned.ok()) {
-      out.insert(out.end(), window.size(), pinned.status());
+    absl::StatusOr<Staged<PutItem>> staged =
+        Stage(window, places.subspan(w.first_place), w.device_bytes);
+    if (!staged.ok()) {
+      out.insert(out.end(), window.size(), staged.status());
       continue;
     }
-    LayOut(copies, pinned->data);
-    for (size_t k = 0; k < copies.size(); ++k) {
-      staged[where[k].first].parts[where[k].second].data = copies[k].host;
-    }
-    absl::Status copied = Run(std::move(copies), /*to_host=*/true);
+    absl::Status copied = Run(staged->copies, /*to_host=*/true);
     if (copied.ok()) {
-      for (absl::Status& s : put(staged)) out.push_back(std::move(s));
+      for (absl::Status& s : put(staged->items)) out.push_back(std::move(s));
     } else {
       out.insert(out.end(), window.size(), copied);
     }
-    Release(*pinned);
+    Release(staged->pinned);
   }
   return out;
 }
@@ -318,49 +328,31 @@ std::vector<absl::StatusOr<uint64_t>> DeviceStaging::Get(absl::Span<const GetIte
       for (absl::StatusOr<uint64_t>& r : get(window)) out.push_back(std::move(r));
       continue;
     }
-    std::vector<GetItem> staged(window.begin(), window.end());
-    std::vector<Copy> copies;
-    std::vector<std::pair<size_t, size_t>> where;
-    size_t place = w.first_place;
-    void* first_context = nullptr;
-    for (size_t i = 0; i < staged.size(); ++i) {
-      for (size_t j = 0; j < staged[i].parts.size(); ++j, ++place) {
-        if (!places[place].on_device()) continue;
-        if (first_context == nullptr) first_context = places[place].device_context;
-        copies.push_back(Copy{.device = Address(staged[i].parts[j]),
-                              .bytes = staged[i].parts[j].size,
-                              .context = places[place].device_context});
-        where.emplace_back(i, j);
-      }
-    }
-    absl::StatusOr<Pinned> pinned = Acquire(w.device_bytes, first_context);
-    if (!pinned.ok()) {
-      out.insert(out.end(), window.size(), pinned.status());
+    absl::StatusOr<Staged<GetItem>> staged =
+        Stage(window, places.subspan(w.first_place), w.device_bytes);
+    if (!staged.ok()) {
+      out.insert(out.end(), window.size(), staged.status());
       continue;
     }
-    LayOut(copies, pinned->data);
-    for (size_t k = 0; k < copies.size(); ++k) {
-      staged[where[k].first].parts[where[k].second].data = copies[k].host;
-    }
-    std::vector<absl::StatusOr<uint64_t>> results = get(staged);
+    std::vector<absl::StatusOr<uint64_t>> results = get(staged->items);
     // Each key's bytes read, in part order, into its device parts.
     std::vector<Copy> back;
-    std::vector<bool> copied_into(staged.size(), false);
-    for (size_t k = 0; k < copies.size(); ++k) {
-      auto [i, j] = where[k];
+    std::vector<bool> copied_into(window.size(), false);
+    for (size_t k = 0; k < staged->copies.size(); ++k) {
+      auto [i, j] = staged->where[k];
       if (!results[i].ok()) continue;
       uint64_t before = 0;  // bytes of the item's parts ahead of this one
-      for (size_t p = 0; p < j; ++p) before += staged[i].parts[p].size;
+      for (size_t p = 0; p < j; ++p) before += window[i].parts[p].size;
       uint64_t read = *results[i];
       if (read <= before) continue;
-      Copy c = copies[k];
+      Copy c = staged->copies[k];
       c.bytes = std::min<uint64_t>(c.bytes, read - before);
       back.push_back(c);
       copied_into[i] = true;
     }
     absl::Status copied = Run(std::move(back), /*to_host=*/false);
-    Release(*pinned);
-    for (size_t i = 0; i < staged.size(); ++i) {
+    Release(staged->pinned);
+    for (size_t i = 0; i < window.size(); ++i) {
       if (!copied.ok() && copied_into[i]) {
         out.push_back(copied);
       } else {

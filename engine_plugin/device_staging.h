@@ -46,8 +46,10 @@ struct MemoryPlace {
 class DeviceStaging {
  public:
   struct Options {
-    // Device bytes staged per window of a call (and so the pinned memory a call holds).
-    uint64_t window_bytes = uint64_t{64} << 20;
+    // Device bytes staged per window of a call (and so the pinned memory a call holds). Each
+    // window is one put or get of the client, whose round trips cost a millisecond or two, so
+    // a call's keys go in as few windows as this allows (docs/benchmarks.md).
+    uint64_t window_bytes = uint64_t{128} << 20;
     // Pinned buffers kept for reuse between calls (the largest ones).
     size_t kept_buffers = 2;
   };
@@ -115,6 +117,18 @@ class DeviceStaging {
   template <typename Item>
   std::vector<Window> Windows(absl::Span<const Item> items,
                               absl::Span<const MemoryPlace> places) const;
+  // A window's items with their device parts replaced by ranges of a pinned buffer.
+  template <typename Item>
+  struct Staged {
+    std::vector<Item> items;
+    std::vector<Copy> copies;                      // one per device part
+    std::vector<std::pair<size_t, size_t>> where;  // (item, part) of each copy
+    Pinned pinned;
+  };
+  template <typename Item>
+  absl::StatusOr<Staged<Item>> Stage(absl::Span<const Item> window,
+                                     absl::Span<const MemoryPlace> places, uint64_t device_bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Gives each copy its host range in `pinned`, in device address order (so that neighbours
   // in device memory are neighbours there too).
   static void LayOut(std::vector<Copy>& copies, uint8_t* pinned);

@@ -202,58 +202,50 @@ std::vector<absl::StatusOr<uint64_t>> Store::BatchGet(absl::Span<const GetItem> 
       });
 }
 
-MemoryPlace Store::RegisteredPlaceLocked(uint64_t ptr, uint64_t bytes, bool& found) const {
-  found = false;
+std::optional<MemoryPlace> Store::RegisteredPlaceLocked(uint64_t ptr, uint64_t bytes) const {
   auto it = buffers_.upper_bound(ptr);
-  if (it == buffers_.begin()) return {};
+  if (it == buffers_.begin()) return std::nullopt;
   --it;
-  if (ptr - it->first >= it->second.bytes || bytes > it->second.bytes - (ptr - it->first)) {
-    return {};
-  }
-  found = true;
+  uint64_t offset = ptr - it->first;
+  if (offset >= it->second.bytes || bytes > it->second.bytes - offset) return std::nullopt;
   return it->second.place;
 }
 
 template <typename Item>
 std::vector<MemoryPlace> Store::PlacesOf(absl::Span<const Item> items,
                                          std::vector<absl::Status>& item_status) {
+  size_t parts = 0;
+  for (const Item& item : items) parts += item.parts.size();
   // Without CUDA in this process there is no device memory: nothing to look up.
-  if (staging_.driver() == nullptr) {
-    size_t parts = 0;
-    for (const Item& item : items) parts += item.parts.size();
-    return std::vector<MemoryPlace>(parts);
-  }
-  std::vector<MemoryPlace> places;
-  std::vector<size_t> unknown;  // indices in `places` outside the registered buffers
+  if (staging_.driver() == nullptr) return std::vector<MemoryPlace>(parts);
+  std::vector<std::optional<MemoryPlace>> registered;
+  registered.reserve(parts);
   {
     absl::MutexLock lock(&mu_);
     for (const Item& item : items) {
       for (const auto& part : item.parts) {
-        bool found = false;
-        places.push_back(
-            RegisteredPlaceLocked(reinterpret_cast<uint64_t>(part.data), part.size, found));
-        if (!found) unknown.push_back(places.size() - 1);
+        registered.push_back(
+            RegisteredPlaceLocked(reinterpret_cast<uint64_t>(part.data), part.size));
       }
     }
   }
-  if (unknown.empty()) return places;
-  size_t next = 0;
-  size_t place = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
+  std::vector<MemoryPlace> places;
+  places.reserve(parts);
+  for (size_t i = 0, place = 0; i < items.size(); ++i) {
     for (const auto& part : items[i].parts) {
-      if (next < unknown.size() && unknown[next] == place) {
-        ++next;
+      std::optional<MemoryPlace>& known = registered[place++];
+      if (!known.has_value()) {
+        // Outside the registered buffers: asked of the driver.
         absl::StatusOr<MemoryPlace> located =
             staging_.Locate(reinterpret_cast<uint64_t>(part.data), part.size);
-        if (located.ok()) {
-          places[place] = *located;
-        } else if (item_status[i].ok()) {
+        if (!located.ok() && item_status[i].ok()) {
           item_status[i] =
               absl::Status(located.status().code(),
                            absl::StrCat(items[i].key, ": ", located.status().message()));
         }
+        known = located.value_or(MemoryPlace{});
       }
-      ++place;
+      places.push_back(*known);
     }
   }
   return places;

@@ -104,7 +104,8 @@ class Store : public StoreBackend {
   std::vector<MemoryPlace> PlacesOf(absl::Span<const Item> items,
                                     std::vector<absl::Status>& item_status)
       ABSL_LOCKS_EXCLUDED(mu_);
-  MemoryPlace RegisteredPlaceLocked(uint64_t ptr, uint64_t bytes, bool& found) const
+  // The place of the registered buffer holding [ptr, ptr + bytes), if one does.
+  std::optional<MemoryPlace> RegisteredPlaceLocked(uint64_t ptr, uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreConfig config_;

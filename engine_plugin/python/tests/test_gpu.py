@@ -674,8 +674,8 @@ def test_mooncake_gpu_parts_are_checked_against_their_allocation(mooncake_store)
 
 
 def test_mooncake_gpu_batch_larger_than_the_staging_window(mooncake_store):
-    """128 MiB in one call: moved in windows of 64 MiB of pinned memory, in order."""
-    layers, blocks, block_bytes = 2, 32, 2 << 20
+    """256 MiB in one call: moved in windows of 128 MiB of pinned memory, in order."""
+    layers, blocks, block_bytes = 2, 64, 2 << 20
     src = layer_caches(layers, blocks, block_bytes, seed=2)
     dst = [torch.zeros_like(c) for c in src]
     torch.cuda.synchronize()
