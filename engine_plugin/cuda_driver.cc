@@ -1,6 +1,7 @@
 #include "engine_plugin/cuda_driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,6 +36,17 @@ std::optional<CudaDriver> CudaDriver::LoadIfPresent() {
                Find(library, "cuGetErrorString", d.GetErrorString);
   if (!found) return std::nullopt;
   return d;
+}
+
+uint64_t CudaDriver::LoadedObjects() {
+  uint64_t adds = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        *static_cast<uint64_t*>(data) = info->dlpi_adds;
+        return 1;  // the count is the same in every entry: the first is enough
+      },
+      &adds);
+  return adds;
 }
 
 std::string CudaDriver::Describe(const char* call, Result result) const {

@@ -66,10 +66,16 @@ DeviceStaging::~DeviceStaging() {
 const CudaDriver* DeviceStaging::driver() {
   if (const CudaDriver* found = found_.load(std::memory_order_acquire)) return found;
   if (!look_up_driver_) return nullptr;
+  // The driver cannot have appeared unless something was loaded since the last lookup.
+  uint64_t loaded = CudaDriver::LoadedObjects();
+  if (loaded == looked_up_at_.load(std::memory_order_relaxed)) return nullptr;
   absl::MutexLock lock(&mu_);
   if (!driver_.has_value()) {
     driver_ = CudaDriver::LoadIfPresent();
-    if (!driver_.has_value()) return nullptr;
+    if (!driver_.has_value()) {
+      looked_up_at_.store(loaded, std::memory_order_relaxed);
+      return nullptr;
+    }
     found_.store(&*driver_, std::memory_order_release);
   }
   return &*driver_;
@@ -270,13 +276,16 @@ absl::StatusOr<DeviceStaging::Staged<Item>> DeviceStaging::Stage(
   size_t place = 0;
   void* first_context = nullptr;
   for (size_t i = 0; i < staged.items.size(); ++i) {
+    uint64_t offset = 0;
     for (size_t j = 0; j < staged.items[i].parts.size(); ++j, ++place) {
+      uint64_t size = staged.items[i].parts[j].size;
+      offset += size;
       if (!places[place].on_device()) continue;
       if (first_context == nullptr) first_context = places[place].device_context;
       staged.copies.push_back(Copy{.device = Address(staged.items[i].parts[j]),
-                                   .bytes = staged.items[i].parts[j].size,
+                                   .bytes = size,
                                    .context = places[place].device_context});
-      staged.where.emplace_back(i, j);
+      staged.where.push_back({.item = i, .part = j, .offset = offset - size});
     }
   }
   absl::StatusOr<Pinned> pinned = Acquire(device_bytes, first_context);
@@ -284,8 +293,7 @@ absl::StatusOr<DeviceStaging::Staged<Item>> DeviceStaging::Stage(
   staged.pinned = *pinned;
   LayOut(staged.copies, staged.pinned.data);
   for (size_t k = 0; k < staged.copies.size(); ++k) {
-    auto [i, j] = staged.where[k];
-    staged.items[i].parts[j].data = staged.copies[k].host;
+    staged.items[staged.where[k].item].parts[staged.where[k].part].data = staged.copies[k].host;
   }
   return staged;
 }
@@ -339,11 +347,10 @@ std::vector<absl::StatusOr<uint64_t>> DeviceStaging::Get(absl::Span<const GetIte
     std::vector<Copy> back;
     std::vector<bool> copied_into(window.size(), false);
     for (size_t k = 0; k < staged->copies.size(); ++k) {
-      auto [i, j] = staged->where[k];
+      size_t i = staged->where[k].item;
       if (!results[i].ok()) continue;
-      uint64_t before = 0;  // bytes of the item's parts ahead of this one
-      for (size_t p = 0; p < j; ++p) before += window[i].parts[p].size;
       uint64_t read = *results[i];
+      uint64_t before = staged->where[k].offset;
       if (read <= before) continue;
       Copy c = staged->copies[k];
       c.bytes = std::min<uint64_t>(c.bytes, read - before);

@@ -117,12 +117,18 @@ class DeviceStaging {
   template <typename Item>
   std::vector<Window> Windows(absl::Span<const Item> items,
                               absl::Span<const MemoryPlace> places) const;
+  // Which part of which item a copy is for, and where that part starts in the item's value.
+  struct PartOf {
+    size_t item = 0;
+    size_t part = 0;
+    uint64_t offset = 0;
+  };
   // A window's items with their device parts replaced by ranges of a pinned buffer.
   template <typename Item>
   struct Staged {
     std::vector<Item> items;
-    std::vector<Copy> copies;                      // one per device part
-    std::vector<std::pair<size_t, size_t>> where;  // (item, part) of each copy
+    std::vector<Copy> copies;   // one per device part
+    std::vector<PartOf> where;  // of each copy
     Pinned pinned;
   };
   template <typename Item>
@@ -145,6 +151,8 @@ class DeviceStaging {
   std::optional<CudaDriver> driver_ ABSL_GUARDED_BY(mu_);
   // Set once driver_ is; read without the lock after that.
   std::atomic<const CudaDriver*> found_{nullptr};
+  // CudaDriver::LoadedObjects() at the last lookup that found no driver (0: none yet).
+  std::atomic<uint64_t> looked_up_at_{0};
   absl::flat_hash_map<void*, CudaDriver::Stream> streams_ ABSL_GUARDED_BY(mu_);  // per context
   std::vector<Pinned> free_ ABSL_GUARDED_BY(mu_);
   uint64_t copies_queued_ ABSL_GUARDED_BY(mu_) = 0;
