@@ -533,23 +533,29 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
       {"full context", 64, 8, 128, 64, 64, 8192, 8192},
       {"full context", 64, 8, 128, 16, 128, 32768, 32768},
   };
+  // Each row of `shapes` again with these options, and a note saying which.
+  auto add_variants = [&rows](const std::vector<GqaRow>& shapes, const GqaDecodeOptions& options,
+                              const std::string& note) {
+    for (GqaRow v : shapes) {
+      v.options = options;
+      v.note = note;
+      rows.push_back(v);
+    }
+  };
   // All 8 kv heads in each block (whole 2 KiB token rows), also on the one long sequence and
   // the rows within a few percent of 0.9x.
   GqaDecodeOptions eight;
   eight.warps = 8;
-  for (const GqaRow& r : std::vector<GqaRow>{
-           {"variant", 64, 8, 128, 16, 128, 4096, 4096},
-           {"variant", 32, 8, 128, 16, 64, 128, 16384},
-           {"variant", 32, 8, 128, 16, 1, 131072, 131072},
-           {"variant", 64, 8, 128, 16, 32, 4096, 4096},
-           {"variant", 32, 8, 64, 16, 64, 128, 16384},
-           {"variant", 32, 8, 128, 16, 64, 128, 16384, e4},
-       }) {
-    GqaRow v = r;
-    v.options = eight;
-    v.note = "8 kv heads per block";
-    rows.push_back(v);
-  }
+  add_variants(
+      {
+          {"variant", 64, 8, 128, 16, 128, 4096, 4096},
+          {"variant", 32, 8, 128, 16, 64, 128, 16384},
+          {"variant", 32, 8, 128, 16, 1, 131072, 131072},
+          {"variant", 64, 8, 128, 16, 32, 4096, 4096},
+          {"variant", 32, 8, 64, 16, 64, 128, 16384},
+          {"variant", 32, 8, 128, 16, 64, 128, 16384, e4},
+      },
+      eight, "8 kv heads per block");
   GqaDecodeOptions four, one;
   four.warps = 4;
   one.warps = 1;
@@ -570,36 +576,29 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
   GqaDecodeOptions shallow;
   shallow.warps = 1;
   shallow.stages = 3;
-  const char* s3 = "1 warp x 3 stages";  // (no commas: the CSV)
-  for (const GqaRow& r : std::vector<GqaRow>{
-           {"variant", 8, 1, 128, 16, 128, 512, 8192},
-           {"variant", 7, 1, 128, 16, 128, 512, 8192},
-           {"variant", 16, 1, 128, 16, 128, 512, 8192},
-           {"variant", 48, 3, 128, 16, 64, 512, 8192},
-           {"variant", 16, 2, 128, 16, 64, 512, 8192},
-           {"variant", 28, 4, 128, 16, 64, 512, 8192},
-           {"variant", 32, 4, 128, 16, 64, 512, 8192},
-           {"variant", 8, 1, 128, 16, 1, 131072, 131072},
-       }) {
-    GqaRow v = r;
-    v.options = shallow;
-    v.note = s3;
-    rows.push_back(v);
-  }
+  add_variants(
+      {
+          {"variant", 8, 1, 128, 16, 128, 512, 8192},
+          {"variant", 7, 1, 128, 16, 128, 512, 8192},
+          {"variant", 16, 1, 128, 16, 128, 512, 8192},
+          {"variant", 48, 3, 128, 16, 64, 512, 8192},
+          {"variant", 16, 2, 128, 16, 64, 512, 8192},
+          {"variant", 28, 4, 128, 16, 64, 512, 8192},
+          {"variant", 32, 4, 128, 16, 64, 512, 8192},
+          {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+      },
+      shallow, "1 warp x 3 stages");  // (no commas in notes: the CSV)
   // The merge kernel launched plainly after the attention kernel (the previous launch).
   GqaDecodeOptions plain;
   plain.plain_merge = true;
-  for (const GqaRow& r : std::vector<GqaRow>{
-           {"variant", 8, 1, 128, 16, 128, 512, 8192},
-           {"variant", 32, 8, 128, 16, 1, 131072, 131072},
-           {"variant", 32, 8, 128, 16, 64, 128, 16384},
-           {"variant", 8, 1, 128, 16, 1, 131072, 131072},
-       }) {
-    GqaRow v = r;
-    v.options = plain;
-    v.note = "merge launched plainly";
-    rows.push_back(v);
-  }
+  add_variants(
+      {
+          {"variant", 8, 1, 128, 16, 128, 512, 8192},
+          {"variant", 32, 8, 128, 16, 1, 131072, 131072},
+          {"variant", 32, 8, 128, 16, 64, 128, 16384},
+          {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+      },
+      plain, "merge launched plainly");
   // Forced chunks: on the 1-kv-head row and the one long sequence, more, shorter items taken
   // from the counter; on the rows within a few percent of 0.9x, cuts around the planned one
   // (does the planner's cost model pick the fastest cut on this device?).
