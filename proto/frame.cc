@@ -29,13 +29,13 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t in[kRequestHeaderSize]
   }
   uint8_t opcode = LoadLittleEndian<uint8_t>(in + 5);
   if (opcode < static_cast<uint8_t>(Opcode::kRead) ||
-      opcode > static_cast<uint8_t>(Opcode::kRdmaConnect)) {
+      opcode > static_cast<uint8_t>(Opcode::kReadKey)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown opcode ", opcode));
   }
   RequestHeader header;
   header.opcode = static_cast<Opcode>(opcode);
   header.flags = LoadLittleEndian<uint16_t>(in + 6);
-  if (header.flags != 0) {
+  if (header.flags != 0 && header.opcode != Opcode::kReadKey) {
     return absl::InvalidArgumentError(absl::StrCat("unknown flags ", header.flags));
   }
   header.request_id = LoadLittleEndian<uint64_t>(in + 8);
@@ -50,7 +50,7 @@ void EncodeResponse(const ResponseHeader& header, uint8_t out[kResponseHeaderSiz
   StoreLittleEndian<int32_t>(out + 4, header.status);
   StoreLittleEndian<uint64_t>(out + 8, header.request_id);
   StoreLittleEndian<uint64_t>(out + 16, header.length);
-  StoreLittleEndian<uint64_t>(out + 24, 0);
+  StoreLittleEndian<uint64_t>(out + 24, header.checksum);
 }
 
 absl::StatusOr<ResponseHeader> DecodeResponse(const uint8_t in[kResponseHeaderSize]) {
@@ -62,6 +62,7 @@ absl::StatusOr<ResponseHeader> DecodeResponse(const uint8_t in[kResponseHeaderSi
   header.status = LoadLittleEndian<int32_t>(in + 4);
   header.request_id = LoadLittleEndian<uint64_t>(in + 8);
   header.length = LoadLittleEndian<uint64_t>(in + 16);
+  header.checksum = LoadLittleEndian<uint64_t>(in + 24);
   return header;
 }
 

@@ -50,7 +50,7 @@ TEST(FrameTest, RejectsBadMagicVersionOpcodeFlagsAndReserved) {
     const char* reason;
   };
   for (Case c : {Case{0, 'X', "magic"}, Case{4, 9, "version"}, Case{5, 0, "opcode"},
-                 Case{5, 5, "opcode"}, Case{6, 1, "flags"}}) {
+                 Case{5, 6, "opcode"}, Case{6, 1, "flags"}}) {
     uint8_t bytes[kRequestHeaderSize];
     std::memcpy(bytes, good, sizeof(bytes));
     bytes[c.at] = c.value;
@@ -71,8 +71,29 @@ TEST(FrameTest, ResponseRoundTrips) {
   EXPECT_EQ(decoded->status, -701);
   EXPECT_EQ(decoded->request_id, 99u);
   EXPECT_EQ(decoded->length, 12u);
+  EXPECT_EQ(decoded->checksum, 0u);
   bytes[1] = 0;
   EXPECT_FALSE(DecodeResponse(bytes).ok());
+}
+
+TEST(FrameTest, ReadKeyCarriesTheTenantLengthInFlagsAndAnswersAChecksum) {
+  RequestHeader request = SampleRequest();
+  request.opcode = Opcode::kReadKey;
+  request.flags = 7;
+  uint8_t bytes[kRequestHeaderSize];
+  EncodeRequest(request, bytes);
+  absl::StatusOr<RequestHeader> decoded = DecodeRequest(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->opcode, Opcode::kReadKey);
+  EXPECT_EQ(decoded->flags, 7);
+
+  uint8_t answer[kResponseHeaderSize];
+  EncodeResponse({.status = 0, .request_id = 3, .length = 4096, .checksum = 0x0123456789abcdef},
+                 answer);
+  EXPECT_EQ(answer[24], 0xef);  // the checksum, least significant byte first
+  absl::StatusOr<ResponseHeader> response = DecodeResponse(answer);
+  ASSERT_TRUE(response.ok());
+  EXPECT_EQ(response->checksum, 0x0123456789abcdefu);
 }
 
 }  // namespace

@@ -5,12 +5,6 @@
 
 namespace kvpool::master {
 
-std::string TenantKey(absl::string_view tenant, absl::string_view key) {
-  if (tenant.empty()) return std::string(key);
-  return absl::StrCat(absl::string_view(&kTenantMarker, 1), tenant,
-                      absl::string_view(&kTenantMarker, 1), key);
-}
-
 absl::string_view TenantOfKey(absl::string_view stored_key) {
   if (stored_key.empty() || stored_key[0] != kTenantMarker) return {};
   size_t end = stored_key.find(kTenantMarker, 1);

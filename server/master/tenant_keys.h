@@ -8,18 +8,19 @@
 // Pure functions; thread-safe.
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/key_read.h"
 #include "server/master/auth_policy.h"
 
 namespace kvpool::master {
 
-inline constexpr char kTenantMarker = '\x1e';
-
-// The stored key of `key` in `tenant`'s namespace.
-std::string TenantKey(absl::string_view tenant, absl::string_view key);
+// The stored key of `key` in `tenant`'s namespace (shared with segments, which look keys up
+// for READ_KEY).
+using wire::kTenantMarker;
+using wire::TenantKey;
 
 // The tenant a stored key belongs to (empty: the global namespace).
 absl::string_view TenantOfKey(absl::string_view stored_key);
