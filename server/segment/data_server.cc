@@ -2,10 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
-
-#include <array>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -13,13 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/log_limiter.h"
-#include "server/common/listen.h"
 #include "proto/capability.h"
 #include "proto/checksum.h"
 #include "proto/data_tls.h"
 #include "proto/error_codes.h"
 #include "proto/frame.h"
+#include "proto/key_read.h"
 #include "proto/rdma_handshake.h"
+#include "server/common/listen.h"
 
 namespace kvpool::segment {
 
@@ -44,7 +44,8 @@ struct ServerState {
   const MemoryPool& pool;
   const DataServerOptions options;
   GrantTable grants;
-  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0}, key_reads{0},
+      key_reads_missed{0};
   std::atomic<uint64_t> rejected_malformed{0}, rejected_range{0}, rejected_token{0},
       rejected_expired{0}, rejected_ended{0}, rejected_busy{0}, rejected_connection_cap{0},
       rejected_handshake{0}, closed_idle{0},
@@ -232,6 +233,28 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         begin_ += wire::kRequestHeaderSize;
         RdmaConnect(input_.data() + begin_);
         begin_ += wire::kRdmaPayloadSize;
+        continue;
+      }
+      if (request_.opcode == wire::Opcode::kReadKey) {
+        // The tenant and the key follow the header; both are bounded, so they fit the input
+        // buffer whole.
+        if (request_.flags > wire::kMaxKeyReadTenant || request_.length <= request_.flags ||
+            request_.length - request_.flags > wire::kMaxKeyReadKey) {
+          Reject(request_.request_id, v1::INVALID_PARAMS,
+                 absl::StrCat("READ_KEY of a ", request_.flags, "-byte tenant and a ",
+                              request_.length - std::min<uint64_t>(request_.length, request_.flags),
+                              "-byte key (at most ", wire::kMaxKeyReadTenant, " and 1 to ",
+                              wire::kMaxKeyReadKey, ")"),
+                 server_.rejected_malformed);
+          break;
+        }
+        if (Buffered() < wire::kRequestHeaderSize + request_.length) break;  // need more
+        begin_ += wire::kRequestHeaderSize;
+        const char* payload = reinterpret_cast<const char*>(input_.data() + begin_);
+        begin_ += request_.length;
+        round_bytes +=
+            ReadKey(absl::string_view(payload, request_.flags),
+                    absl::string_view(payload + request_.flags, request_.length - request_.flags));
         continue;
       }
       begin_ += wire::kRequestHeaderSize;
@@ -430,6 +453,64 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     return false;
   }
 
+  // READ_KEY: answers the manifest's entry for the tenant's key, straight from the pool, with
+  // its writer's checksum; OBJECT_NOT_FOUND (connection kept) when this segment holds no such
+  // entry or may not serve reads by key now, BUFFER_OVERFLOW (kept) when the value is larger
+  // than the client takes. Returns the bytes queued.
+  uint64_t ReadKey(absl::string_view tenant, absl::string_view key) {
+    absl::Time now = absl::Now();
+    if (tenant.empty() && key.front() == wire::kTenantMarker) {
+      Reject(request_.request_id, v1::PERMISSION_DENIED,
+             "keys beginning with byte 0x1e name tenants' namespaces", server_.rejected_token);
+      return 0;
+    }
+    absl::Status credential = server_.grants.CheckKeyReadCredential(request_.token, tenant, now);
+    if (!credential.ok()) {
+      bool expired = credential.code() == absl::StatusCode::kDeadlineExceeded;
+      Reject(request_.request_id, expired ? v1::LEASE_EXPIRED : v1::PERMISSION_DENIED,
+             credential.message(), expired ? server_.rejected_expired : server_.rejected_token);
+      return 0;
+    }
+    const Manifest* manifest = server_.options.manifest;
+    if (manifest == nullptr ||
+        (server_.options.key_reads_allowed && !server_.options.key_reads_allowed(now))) {
+      return KeyMissed("this segment serves no reads by key now; ask the master");
+    }
+    std::string stored = wire::TenantKey(tenant, key);
+    std::optional<Manifest::Found> found = manifest->Find(stored);
+    if (!found.has_value() || found->checksum == 0 ||
+        !server_.pool.Contains(found->offset, found->size)) {
+      return KeyMissed("no such object on this segment");
+    }
+    if (found->size > request_.offset) {
+      server_.key_reads_missed.fetch_add(1, std::memory_order_relaxed);
+      QueueExtra(v1::BUFFER_OVERFLOW,
+                 absl::StrCat("the value has ", found->size, " bytes, more than the ",
+                              request_.offset, " asked for"));
+      return 0;
+    }
+    // In flight before the entry is checked again: should it leave the manifest after this
+    // check, the send is cut (GrantTable::CutKeyReads); if it left before, nothing is sent.
+    uint64_t read = server_.grants.BeginKeyRead(
+        found->offset, found->size, [fd = Socket().native_handle()] { ::shutdown(fd, SHUT_RDWR); });
+    if (!manifest->Holds(stored, *found)) {
+      server_.grants.EndRead(read);
+      return KeyMissed("no such object on this segment");
+    }
+    reads_.push_back(read);
+    server_.key_reads.fetch_add(1, std::memory_order_relaxed);
+    server_.bytes_read.fetch_add(found->size, std::memory_order_relaxed);
+    Queue(0, server_.pool.data() + found->offset, found->size, &server_.read_latency,
+          found->checksum);
+    return found->size;
+  }
+
+  uint64_t KeyMissed(absl::string_view reason) {
+    server_.key_reads_missed.fetch_add(1, std::memory_order_relaxed);
+    QueueExtra(v1::OBJECT_NOT_FOUND, std::string(reason));
+    return 0;
+  }
+
   // A client asks for a queue pair; it must hold a grant of this segment (any range).
   void RdmaConnect(const uint8_t* payload) {
     absl::StatusOr<wire::RdmaConnect> connect = wire::DecodeRdmaConnect(payload, /*answer=*/false);
@@ -466,9 +547,10 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     QueueExtra(0, std::move(answer));
   }
 
-  void Queue(int32_t status, const uint8_t* data, size_t length, LatencyHistogram* latency) {
+  void Queue(int32_t status, const uint8_t* data, size_t length, LatencyHistogram* latency,
+             uint64_t checksum = 0) {
     Answer& answer = answers_.emplace_back();
-    wire::EncodeResponse({status, request_.request_id, length}, answer.header.data());
+    wire::EncodeResponse({status, request_.request_id, length, checksum}, answer.header.data());
     answer.data = data;
     answer.length = length;
     answer.started = absl::Now();
@@ -749,6 +831,8 @@ DataServer::Stats DataServer::stats() const {
   stats.writes = s.writes.load();
   stats.bytes_read = s.bytes_read.load();
   stats.bytes_written = s.bytes_written.load();
+  stats.key_reads = s.key_reads.load();
+  stats.key_reads_missed = s.key_reads_missed.load();
   stats.rejected_malformed = s.rejected_malformed.load();
   stats.rejected_range = s.rejected_range.load();
   stats.rejected_token = s.rejected_token.load();

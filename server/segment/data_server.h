@@ -5,7 +5,9 @@
 //
 // Every request is checked before any byte moves: its range must lie inside the pool and
 // its capability token must grant exactly that range and opcode, under the current term, for
-// a grant the master has not ended (GrantTable). A WRITE's payload lands only while its grant
+// a grant the master has not ended (GrantTable). A READ_KEY names a key instead, under a
+// key-read credential of its tenant: the value is the manifest's entry for it, sent only while
+// that entry stays in the manifest. A WRITE's payload lands only while its grant
 // is open: once it ends (revoke, reclaim, commit, remove, a new term) or its token expires,
 // no further byte is stored; each byte that lands is hashed as it lands (checksum_writes).
 // A request that fails a check, or a header that does not decode,
@@ -28,6 +30,7 @@
 #include "proto/tls.h"
 #include "rdma/rdma_device.h"
 #include "server/segment/grant_table.h"
+#include "server/segment/manifest.h"
 #include "server/segment/memory_pool.h"
 
 namespace kvpool::segment {
@@ -59,6 +62,12 @@ struct DataServerOptions {
   bool checksum_writes = true;
   // Creates a queue pair for a client's RDMA connect; unset: RDMA is off on this segment.
   std::function<absl::StatusOr<RdmaAccept>(const rdma::QueuePairInfo& client)> rdma_accept;
+  // Reads by key (READ_KEY, proto/key_read.h) look keys up here; null: every READ_KEY is
+  // answered OBJECT_NOT_FOUND. Must outlive the server.
+  const Manifest* manifest = nullptr;
+  // Whether reads by key may be served now (a segment out of touch with its master may have
+  // missed removals: MasterLink::in_touch); unset: always.
+  std::function<bool(absl::Time now)> key_reads_allowed;
   // TLS on every connection (proto/data_tls.h: the files reloaded on change); with
   // client_ca_file clients are asked for certificates of that CA. Unset: plaintext.
   std::optional<ServerTlsOptions> tls;
@@ -85,6 +94,8 @@ class DataServer {
   struct Stats {
     uint64_t reads = 0;
     uint64_t writes = 0;
+    uint64_t key_reads = 0;         // READ_KEY answered with the value
+    uint64_t key_reads_missed = 0;  // READ_KEY answered OBJECT_NOT_FOUND (or too large)
     uint64_t bytes_read = 0;     // served to clients
     uint64_t bytes_written = 0;  // received from clients
     uint64_t rejected = 0;       // requests refused, all reasons

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "proto/checksum.h"
 #include "proto/error_codes.h"
 #include "proto/frame.h"
+#include "proto/key_read.h"
 
 namespace kvpool::segment {
 namespace {
@@ -28,7 +30,11 @@ class DataServerTest : public ::testing::Test {
   void SetUp() override {
     pool_ = *MemoryPool::Create({.size = kPoolSize, .prefault = false, .name = "test"});
     secret_ = wire::NewCapabilitySecret();
-    server_ = std::make_unique<DataServer>(*pool_, secret_, DataServerOptions{});
+    server_ = std::make_unique<DataServer>(
+        *pool_, secret_,
+        DataServerOptions{.socket_buffer_bytes = 64 << 10,
+                          .manifest = &manifest_,
+                          .key_reads_allowed = [this](absl::Time) { return in_touch_.load(); }});
     absl::StatusOr<uint16_t> port = server_->Start("127.0.0.1:0");
     ASSERT_TRUE(port.ok()) << port.status();
     port_ = *port;
@@ -103,8 +109,42 @@ class DataServerTest : public ::testing::Test {
     close(fd);
   }
 
+  // A READ_KEY of `tenant`'s `key`, taking at most `most` bytes, under `credential`.
+  void SendReadKey(int fd, absl::string_view tenant, absl::string_view key, uint64_t most,
+                   const wire::Token& credential, uint64_t id = 1) {
+    SendHeader(fd, {.opcode = wire::Opcode::kReadKey,
+                    .flags = static_cast<uint16_t>(tenant.size()),
+                    .request_id = id,
+                    .offset = most,
+                    .length = tenant.size() + key.size(),
+                    .token = credential});
+    std::string payload = absl::StrCat(tenant, key);
+    SendBytes(fd, payload.data(), payload.size());
+  }
+
+  wire::Token Credential(absl::string_view tenant, absl::Duration ttl = absl::Minutes(1)) {
+    return wire::MintKeyReadCredential(wire::TokenKey(secret_), tenant, absl::Now() + ttl);
+  }
+
+  // Commits `value` at `offset` under `stored_key` (as the master's ADD would).
+  void Commit(const std::string& stored_key, uint64_t offset, const std::string& value) {
+    std::memcpy(pool_->data() + offset, value.data(), value.size());
+    v1::ManifestRecord add;
+    add.set_kind(v1::ManifestRecord::ADD);
+    add.set_key(stored_key);
+    add.set_offset(offset);
+    add.set_size(value.size());
+    iovec part{const_cast<char*>(value.data()), value.size()};
+    add.set_checksum(wire::Checksum({&part, 1}));
+    add.set_grant(offset + 1);
+    manifest_.Apply({add});
+  }
+
   std::unique_ptr<MemoryPool> pool_;
   std::string secret_;
+  Manifest manifest_{
+      [this](uint64_t offset, uint64_t size) { server_->grants().CutKeyReads(offset, size); }};
+  std::atomic<bool> in_touch_{true};
   std::unique_ptr<DataServer> server_;
   uint16_t port_ = 0;
 };
@@ -412,6 +452,173 @@ TEST_F(DataServerTest, ATcpWriteIntoARangeBusyWithAnEndedGrantsShmWriteIsRefused
   close(fd);
   EXPECT_EQ(std::string(reinterpret_cast<char*>(pool_->data()) + kOffset, kLength), payload);
   ExpectStillServing();
+}
+
+}  // namespace
+}  // namespace kvpool::segment
+
+namespace kvpool::segment {
+namespace {
+
+// Reads by key: what a tenant's client gets, and what strangers, other tenants, forged or
+// expired credentials, odd frames and removals get.
+TEST_F(DataServerTest, ReadKeyAnswersTheTenantsValueWithItsChecksum) {
+  std::string value(5000, '\0');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>(i * 13 + 1);
+  Commit(wire::TenantKey("team-a", "k"), 8192, value);
+  int fd = Connect();
+  SendReadKey(fd, "team-a", "k", 1 << 20, Credential("team-a"), 5);
+  wire::ResponseHeader answer = Response(fd);
+  ASSERT_EQ(answer.status, 0);
+  EXPECT_EQ(answer.request_id, 5u);
+  ASSERT_EQ(answer.length, value.size());
+  iovec part{value.data(), value.size()};
+  EXPECT_EQ(answer.checksum, wire::Checksum({&part, 1}));
+  std::string back(value.size(), '\0');
+  ASSERT_TRUE(RecvBytes(fd, back.data(), back.size()));
+  EXPECT_EQ(back, value);
+
+  // A key not here, and a value larger than asked for: answered, the connection kept.
+  SendReadKey(fd, "team-a", "absent", 1 << 20, Credential("team-a"), 6);
+  std::string reason;
+  wire::ResponseHeader absent = Response(fd, &reason);
+  EXPECT_EQ(absent.status, v1::OBJECT_NOT_FOUND) << reason;
+  SendReadKey(fd, "team-a", "k", 4999, Credential("team-a"), 7);
+  EXPECT_EQ(Response(fd, &reason).status, v1::BUFFER_OVERFLOW) << reason;
+  SendReadKey(fd, "team-a", "k", 5000, Credential("team-a"), 8);
+  ASSERT_EQ(Response(fd).status, 0);
+  ASSERT_TRUE(RecvBytes(fd, back.data(), back.size()));
+  EXPECT_EQ(server_->stats().key_reads, 2u);
+  EXPECT_EQ(server_->stats().key_reads_missed, 2u);
+  close(fd);
+}
+
+TEST_F(DataServerTest, ReadKeyKeepsTenantsApartAndRefusesStrangers) {
+  Commit(wire::TenantKey("team-a", "k"), 0, "secret of a");
+  Commit("global-k", 4096, "global value");
+  struct Case {
+    const char* what;
+    std::string tenant;
+    std::string key;
+    wire::Token credential;
+    int32_t status;
+  };
+  wire::Token forged = Credential("team-b");
+  forged[20] ^= 1;
+  std::vector<Case> cases = {
+      // team-b's credential names team-b's namespace: team-a's "k" is not in it.
+      {"another tenant's key", "team-b", "k", Credential("team-b"), v1::OBJECT_NOT_FOUND},
+      {"a credential of another tenant", "team-a", "k", Credential("team-b"),
+       v1::PERMISSION_DENIED},
+      {"a forged credential", "team-b", "k", forged, v1::PERMISSION_DENIED},
+      {"no credential", "team-a", "k", wire::Token{}, v1::PERMISSION_DENIED},
+      {"another segment's credential", "team-a", "k",
+       wire::MintKeyReadCredential(wire::TokenKey(wire::NewCapabilitySecret()), "team-a",
+                                   absl::Now() + absl::Minutes(1)),
+       v1::PERMISSION_DENIED},
+      {"an expired credential", "team-a", "k", Credential("team-a", -absl::Seconds(1)),
+       v1::LEASE_EXPIRED},
+      // The global namespace cannot reach into a tenant's by spelling its stored key.
+      {"a stored key from the global namespace", "", wire::TenantKey("team-a", "k"), Credential(""),
+       v1::PERMISSION_DENIED},
+  };
+  for (const Case& c : cases) {
+    int fd = Connect();
+    SendReadKey(fd, c.tenant, c.key, 1 << 20, c.credential);
+    std::string reason;
+    wire::ResponseHeader answer = Response(fd, &reason);
+    EXPECT_EQ(answer.status, c.status) << c.what << ": " << reason;
+    if (c.status != v1::OBJECT_NOT_FOUND) EXPECT_TRUE(ClosedByPeer(fd)) << c.what;
+    close(fd);
+  }
+  // The global namespace reads its own keys.
+  int fd = Connect();
+  SendReadKey(fd, "", "global-k", 1 << 20, Credential(""));
+  wire::ResponseHeader answer = Response(fd);
+  ASSERT_EQ(answer.status, 0);
+  std::string back(answer.length, '\0');
+  ASSERT_TRUE(RecvBytes(fd, back.data(), back.size()));
+  EXPECT_EQ(back, "global value");
+  close(fd);
+  ExpectStillServing();
+}
+
+TEST_F(DataServerTest, ReadKeyFramesOutOfBoundsAreRejected) {
+  struct Case {
+    const char* what;
+    uint16_t tenant_length;
+    uint64_t length;
+  };
+  for (Case c : {Case{"an empty key", 3, 3}, Case{"a tenant longer than the frame", 9, 4},
+                 Case{"a tenant of 256 bytes", 256, 300},
+                 Case{"a key of 4097 bytes", 0, wire::kMaxKeyReadKey + 1},
+                 Case{"a length of 2^64 - 1", 0, ~uint64_t{0}}}) {
+    int fd = Connect();
+    SendHeader(fd, {.opcode = wire::Opcode::kReadKey,
+                    .flags = c.tenant_length,
+                    .request_id = 1,
+                    .offset = 1 << 20,
+                    .length = c.length,
+                    .token = Credential("")});
+    std::string reason;
+    EXPECT_EQ(Response(fd, &reason).status, v1::INVALID_PARAMS) << c.what;
+    EXPECT_TRUE(ClosedByPeer(fd)) << c.what;
+    close(fd);
+  }
+  ExpectStillServing();
+}
+
+TEST_F(DataServerTest, ReadKeyFindsNothingOnceRemovedOrOutOfTouch) {
+  Commit("k", 0, "value");
+  int fd = Connect();
+  in_touch_ = false;  // cut off from the master: it may have removed k meanwhile
+  SendReadKey(fd, "", "k", 100, Credential(""), 1);
+  std::string reason;
+  EXPECT_EQ(Response(fd, &reason).status, v1::OBJECT_NOT_FOUND);
+  EXPECT_NE(reason.find("no reads by key"), std::string::npos) << reason;
+  in_touch_ = true;
+  SendReadKey(fd, "", "k", 100, Credential(""), 2);
+  ASSERT_EQ(Response(fd).status, 0);
+  std::string back(5, '\0');
+  ASSERT_TRUE(RecvBytes(fd, back.data(), back.size()));
+  v1::ManifestRecord forget;
+  forget.set_kind(v1::ManifestRecord::FORGET);
+  forget.set_key("k");
+  forget.set_offset(0);
+  manifest_.Apply({forget});
+  SendReadKey(fd, "", "k", 100, Credential(""), 3);
+  EXPECT_EQ(Response(fd, &reason).status, v1::OBJECT_NOT_FOUND) << reason;
+  close(fd);
+}
+
+// An entry that leaves the manifest while its value is being sent cuts the send: the reader
+// gets a prefix and the end of the stream, never the bytes written there later.
+TEST_F(DataServerTest, ReadKeyOfAnEntryDroppedMidSendIsCut) {
+  std::string value(kPoolSize * 3 / 4, 'v');
+  Commit("big", 0, value);
+  int fd = Connect();
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  SendReadKey(fd, "", "big", kPoolSize, Credential(""));
+  uint8_t header[wire::kResponseHeaderSize];
+  ASSERT_TRUE(RecvBytes(fd, header, sizeof(header)));
+  ASSERT_EQ(wire::DecodeResponse(header)->status, 0);
+  // The answer is stuck in the socket buffers; the entry goes and the range is reused.
+  for (int i = 0; i < 100 && server_->grants().reads_in_flight() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(server_->grants().reads_in_flight(), 1u);
+  manifest_.DropOverlapping(100, 1);
+  EXPECT_EQ(server_->grants().reads_in_flight(), 0u);
+  EXPECT_EQ(server_->grants().reads_cut(), 1u);
+  std::memset(pool_->data(), 'X', value.size());
+  std::string got;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) got.append(buffer, n);
+  EXPECT_LT(got.size(), value.size());
+  EXPECT_EQ(got.find('X'), std::string::npos) << "bytes written after the drop were sent";
+  close(fd);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/capability.h"
+#include "proto/key_read.h"
 
 namespace kvpool::segment {
 namespace {
@@ -92,6 +93,41 @@ absl::StatusOr<uint64_t> GrantTable::BeginRead(const wire::RequestHeader& reques
   uint64_t read = ++next_read_;
   if (grant != 0) reads_.emplace(read, InFlightRead{grant, std::move(cut), next_term});
   return read;
+}
+
+absl::Status GrantTable::CheckKeyReadCredential(const wire::Token& credential,
+                                                absl::string_view tenant, absl::Time now) const {
+  if (!require_token_) return absl::OkStatus();
+  absl::ReaderMutexLock lock(&mu_);
+  absl::Status verified = wire::VerifyKeyReadCredential(key_, credential, tenant, now);
+  if (!verified.ok() && !next_secret_.empty() &&
+      wire::VerifyKeyReadCredential(next_key_, credential, tenant, now).ok()) {
+    return absl::OkStatus();
+  }
+  return verified;
+}
+
+uint64_t GrantTable::BeginKeyRead(uint64_t offset, uint64_t length, std::function<void()> cut) {
+  absl::MutexLock lock(&mu_);
+  uint64_t read = ++next_read_;
+  reads_.emplace(
+      read,
+      InFlightRead{.grant = 0, .cut = std::move(cut), .key_offset = offset, .key_length = length});
+  return read;
+}
+
+void GrantTable::CutKeyReads(uint64_t offset, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  absl::erase_if(reads_, [&](auto& entry) {
+    const InFlightRead& read = entry.second;
+    if (read.grant != 0 || read.key_length == 0) return false;
+    if (read.key_offset >= offset + length || offset >= read.key_offset + read.key_length) {
+      return false;
+    }
+    read.cut();
+    ++reads_cut_;
+    return true;
+  });
 }
 
 void GrantTable::EndRead(uint64_t read) {

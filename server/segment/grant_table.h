@@ -123,6 +123,19 @@ class GrantTable {
   absl::StatusOr<uint64_t> BeginRead(const wire::RequestHeader& request, absl::Time now,
                                      std::function<void()> cut) ABSL_LOCKS_EXCLUDED(mu_);
   void EndRead(uint64_t read) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads by key (READ_KEY, proto/key_read.h). The credential verifies under the current
+  // term's secret (or the next term's, see PrepareTerm) for `tenant` and has not expired:
+  // PermissionDenied or DeadlineExceeded otherwise.
+  absl::Status CheckKeyReadCredential(const wire::Token& credential, absl::string_view tenant,
+                                      absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A read by key of a manifest entry's range, sent straight from the pool: in flight until
+  // EndRead(the id returned). Such reads are not fenced by grants (a restored manifest's
+  // entries carry an earlier term's grant ids) but by the manifest: CutKeyReads of an
+  // overlapping range, which the segment calls once an entry has left its manifest, runs
+  // `cut` as End does for a grant's reads; so does a new term.
+  uint64_t BeginKeyRead(uint64_t offset, uint64_t length, std::function<void()> cut)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CutKeyReads(uint64_t offset, uint64_t length) ABSL_LOCKS_EXCLUDED(mu_);
   // The same checks for a write; the write stays in flight until EndWrite. Also Unavailable
   // if its range overlaps a shared-memory write in flight of another grant or term (the
   // range is busy: the caller should put again). A kShm write is never cut (see above).
@@ -231,9 +244,12 @@ class GrantTable {
   absl::flat_hash_map<uint64_t, Written> written_ ABSL_GUARDED_BY(mu_);
   // Reads in flight, by id: their grant and how to cut them.
   struct InFlightRead {
-    uint64_t grant = 0;
+    uint64_t grant = 0;  // 0 for a read by key
     std::function<void()> cut;
     bool next_term = false;  // verified under next_secret_: a grant of the next term
+    // A read by key: the manifest entry's range.
+    uint64_t key_offset = 0;
+    uint64_t key_length = 0;
   };
   absl::flat_hash_map<uint64_t, InFlightRead> reads_ ABSL_GUARDED_BY(mu_);
   uint64_t next_read_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,9 +11,10 @@ void Manifest::Apply(const std::vector<v1::ManifestRecord>& records) {
       DropOverlappingLocked(record.offset(), std::max<uint64_t>(record.size(), 1));
       v1::ManifestRecord& entry = by_offset_[record.offset()];
       entry = record;
+      by_key_[record.key()] = record.offset();  // the latest, should a key have two
     } else if (record.kind() == v1::ManifestRecord::FORGET) {
       auto it = by_offset_.find(record.offset());
-      if (it != by_offset_.end() && it->second.key() == record.key()) by_offset_.erase(it);
+      if (it != by_offset_.end() && it->second.key() == record.key()) EraseLocked(it);
     }
   }
 }
@@ -31,14 +32,43 @@ void Manifest::DropOverlappingLocked(uint64_t offset, uint64_t length) {
     auto before = std::prev(it);
     if (before->first + before->second.size() > offset) it = before;
   }
-  while (it != by_offset_.end() && it->first < end) it = by_offset_.erase(it);
+  while (it != by_offset_.end() && it->first < end) it = EraseLocked(it);
+}
+
+Manifest::Entries_::iterator Manifest::EraseLocked(Entries_::iterator it) {
+  if (it == by_offset_.end()) return it;
+  if (auto key = by_key_.find(it->second.key()); key != by_key_.end() && key->second == it->first) {
+    by_key_.erase(key);
+  }
+  uint64_t offset = it->first;
+  uint64_t size = std::max<uint64_t>(it->second.size(), 1);
+  Entries_::iterator next = by_offset_.erase(it);
+  if (on_drop_) on_drop_(offset, size);
+  return next;
+}
+
+std::optional<Manifest::Found> Manifest::Find(absl::string_view stored_key) const {
+  absl::MutexLock lock(&mu_);
+  auto key = by_key_.find(stored_key);
+  if (key == by_key_.end()) return std::nullopt;
+  const v1::ManifestRecord& entry = by_offset_.at(key->second);
+  return Found{entry.offset(), entry.size(), entry.checksum(), entry.grant()};
+}
+
+bool Manifest::Holds(absl::string_view stored_key, const Found& found) const {
+  absl::MutexLock lock(&mu_);
+  auto key = by_key_.find(stored_key);
+  if (key == by_key_.end() || key->second != found.offset) return false;
+  const v1::ManifestRecord& entry = by_offset_.at(key->second);
+  return entry.size() == found.size && entry.grant() == found.grant &&
+         entry.checksum() == found.checksum;
 }
 
 void Manifest::Forget(absl::Span<const std::string> keys) {
   absl::flat_hash_set<std::string> refused(keys.begin(), keys.end());
   absl::MutexLock lock(&mu_);
   for (auto it = by_offset_.begin(); it != by_offset_.end();) {
-    it = refused.contains(it->second.key()) ? by_offset_.erase(it) : std::next(it);
+    it = refused.contains(it->second.key()) ? EraseLocked(it) : std::next(it);
   }
 }
 

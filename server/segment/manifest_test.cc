@@ -50,5 +50,43 @@ TEST(ManifestTest, AcceptedWritesDropWhatTheyOverlap) {
   EXPECT_EQ(manifest.size(), 0u);
 }
 
+TEST(ManifestTest, FindsEntriesByKeyUntilTheyGo) {
+  Manifest manifest;
+  v1::ManifestRecord a = Record(v1::ManifestRecord::ADD, "a", 0, 100);
+  a.set_checksum(11);
+  a.set_grant(7);
+  manifest.Apply({a, Record(v1::ManifestRecord::ADD, "b", 128, 100)});
+  std::optional<Manifest::Found> found = manifest.Find("a");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->offset, 0u);
+  EXPECT_EQ(found->size, 100u);
+  EXPECT_EQ(found->checksum, 11u);
+  EXPECT_EQ(found->grant, 7u);
+  EXPECT_TRUE(manifest.Holds("a", *found));
+  EXPECT_FALSE(manifest.Find("c").has_value());
+  // Gone by FORGET, by an overlapping ADD, by a write, by a refusal: found no more, and what
+  // was found is no longer held.
+  manifest.Apply({Record(v1::ManifestRecord::FORGET, "a", 0, 100)});
+  EXPECT_FALSE(manifest.Find("a").has_value());
+  EXPECT_FALSE(manifest.Holds("a", *found));
+  manifest.Apply({a});
+  manifest.Apply({Record(v1::ManifestRecord::ADD, "d", 50, 10)});
+  EXPECT_FALSE(manifest.Find("a").has_value());
+  EXPECT_TRUE(manifest.Find("d").has_value());
+  manifest.DropOverlapping(130, 1);
+  EXPECT_FALSE(manifest.Find("b").has_value());
+  manifest.Forget({"d"});
+  EXPECT_FALSE(manifest.Find("d").has_value());
+  // The same key committed again elsewhere: the new entry is found, the old one not held.
+  manifest.Apply({a});
+  found = manifest.Find("a");
+  v1::ManifestRecord moved = a;
+  moved.set_offset(512);
+  moved.set_grant(8);
+  manifest.Apply({Record(v1::ManifestRecord::FORGET, "a", 0, 100), moved});
+  EXPECT_FALSE(manifest.Holds("a", *found));
+  EXPECT_EQ(manifest.Find("a")->offset, 512u);
+}
+
 }  // namespace
 }  // namespace kvpool::segment

@@ -152,6 +152,8 @@ absl::Status MasterLink::Mount() {
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
   }
+  if (response.heartbeat_ttl_ms() > 0)
+    segment_ttl_ = absl::Milliseconds(response.heartbeat_ttl_ms());
   // Report what this segment holds, so a restarted master serves it again.
   for (size_t first = 0; first < entries.size(); first += kRestoreChunk) {
     v1::RestoreManifestRequest restore;
@@ -230,7 +232,8 @@ absl::Status MasterLink::Heartbeat() {
                              ? options_.rpc_timeout
                              : std::min(options_.rpc_timeout, absl::Milliseconds(1500));
   if (probe) grace = std::min(grace, kProbeTimeout);
-  context.set_deadline(absl::ToChronoTime(absl::Now() + hold + grace));
+  const absl::Time sent = absl::Now();
+  context.set_deadline(absl::ToChronoTime(sent + hold + grace));
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -288,8 +291,12 @@ absl::Status MasterLink::Heartbeat() {
   if (!response.known()) {
     KVPOOL_LOG(WARNING) << "master " << master << " does not know this segment; mounting again";
     mounted_.store(false);
+    in_touch_until_ns_.store(0, std::memory_order_relaxed);
     return Mount();
   }
+  // The master saw this heartbeat after it was sent: it declares the segment dead no sooner
+  // than a TTL after that.
+  in_touch_until_ns_.store(absl::ToUnixNanos(sent + segment_ttl_ / 2), std::memory_order_relaxed);
   // The master has them now (this answer acknowledges the request that carried them).
   refused_seqs_.clear();
   if (response.records_size() > 0) {

@@ -87,6 +87,12 @@ class MasterLink {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool mounted() const { return mounted_.load(); }
+  // Whether the master has surely not declared this segment dead by `now`: a heartbeat the
+  // master answered was sent less than half its segment TTL ago. Reads by key stop otherwise
+  // (a segment cut off from the master may have missed removals).
+  bool in_touch(absl::Time now) const {
+    return now < absl::FromUnixNanos(in_touch_until_ns_.load(std::memory_order_relaxed));
+  }
   // The master mounted on now ("" if none) and the highest term followed so far.
   std::string master() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t term() const { return term_.load(); }
@@ -128,8 +134,11 @@ class MasterLink {
   std::atomic<uint64_t> mount_count_{0};
   std::atomic<uint64_t> commits_compared_{0}, commits_hashed_{0}, commits_refused_{0};
   std::atomic<uint64_t> commits_by_intent_{0};
+  // A heartbeat's send time plus half the TTL (in_touch), Unix nanoseconds.
+  std::atomic<int64_t> in_touch_until_ns_{0};
   // Loop thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  absl::Duration segment_ttl_ = absl::Seconds(10);
   uint64_t acked_seq_ = 0;
   int heartbeat_failures_ = 0;
   // The last heartbeat failed: the next is a probe (no long poll, a short deadline).

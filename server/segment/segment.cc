@@ -41,6 +41,18 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
   }
   // Payloads are hashed as they land only where a commit will be checked against the hash.
   options.data.checksum_writes = options.verify_commits && !options.master_address.empty();
+  // The server exists before the first record reaches the manifest.
+  segment->manifest_ =
+      std::make_unique<Manifest>([raw = segment.get()](uint64_t offset, uint64_t size) {
+        raw->server_->grants().CutKeyReads(offset, size);
+      });
+  options.data.manifest = segment->manifest_.get();
+  if (!options.master_address.empty()) {
+    options.data.key_reads_allowed = [raw = segment.get()](absl::Time now) {
+      const MasterLink* link = raw->linked_.load(std::memory_order_acquire);
+      return link != nullptr && link->in_touch(now);
+    };
+  }
   segment->server_ = std::make_unique<DataServer>(*segment->pool_, wire::NewCapabilitySecret(),
                                                   options.data);
   absl::StatusOr<uint16_t> port = segment->server_->Start(options.listen);
@@ -81,8 +93,9 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Start(SegmentOptions options) 
       return wire::Checksum({&range, 1}) == checksum;
     };
   }
-  segment->link_ = std::make_unique<MasterLink>(std::move(link), segment->manifest_,
+  segment->link_ = std::make_unique<MasterLink>(std::move(link), *segment->manifest_,
                                                 segment->server_->grants());
+  segment->linked_.store(segment->link_.get(), std::memory_order_release);
   segment->link_->Start();
 
   if (options.mount_timeout > absl::ZeroDuration()) {
@@ -121,6 +134,21 @@ absl::Status Segment::StartRdma(const std::string& device_name, DataServerOption
   };
   KVPOOL_LOG(INFO) << "serving the pool over RDMA on " << rdma_->name();
   return absl::OkStatus();
+}
+
+void Segment::ApplyRecord(bool add, const std::string& key, uint64_t offset, uint64_t size,
+                          uint64_t checksum, uint64_t grant, absl::Time until) {
+  v1::ManifestRecord record;
+  record.set_kind(add ? v1::ManifestRecord::ADD : v1::ManifestRecord::FORGET);
+  record.set_key(key);
+  record.set_offset(offset);
+  record.set_size(size);
+  record.set_checksum(checksum);
+  record.set_grant(grant);
+  // A FORGET leaves the manifest (cutting reads by key) before its grant ends.
+  if (!add) manifest_->Apply({record});
+  server_->grants().End(grant, /*writes_only=*/add, until);
+  if (add) manifest_->Apply({record});
 }
 
 Segment::~Segment() { Stop(); }

@@ -5,6 +5,7 @@
 // kvpool-segment runs one; kvpool-master runs one embedded; an engine may host one in its
 // own process (Mooncake's global_segment_size). Thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,7 +42,7 @@ struct SegmentOptions {
   // one, "none" for no RDMA. Without a device the segment serves TCP and shared memory only.
   std::string rdma_device = "none";
   // gRPC address of the master to mount on; empty for a segment embedded in the master,
-  // which the master mounts itself (no link, no manifest).
+  // which the master mounts itself (no link) and tells of its objects directly (ApplyRecord).
   std::string master_address;
   // TLS and the bearer token for the master (MasterLinkOptions::tls, auth_token).
   ClientTlsOptions master_tls;
@@ -78,14 +79,14 @@ class Segment {
   // The secret the master signs this segment's capability tokens with in the current term
   // (a segment with a master link draws a new one at every mount).
   std::string token_secret() const { return server_->grants().secret(); }
-  // Ends a grant (see GrantTable::End): for a segment embedded in the master, which is told
-  // directly instead of through manifest records.
-  void EndGrant(uint64_t grant, bool writes_only, absl::Time until) {
-    server_->grants().End(grant, writes_only, until);
-  }
+  // For a segment embedded in the master, which is told directly instead of through
+  // heartbeats: an object committed here (`add`: its grant's writes end, and it is kept in
+  // the manifest for reads by key) or forgotten (it leaves the manifest, then its grant ends).
+  void ApplyRecord(bool add, const std::string& key, uint64_t offset, uint64_t size,
+                   uint64_t checksum, uint64_t grant, absl::Time until);
   const GrantTable& grants() const { return server_->grants(); }
   MemoryPool& pool() { return *pool_; }
-  const Manifest& manifest() const { return manifest_; }
+  const Manifest& manifest() const { return *manifest_; }
   // Always true for an embedded segment.
   bool mounted() const { return link_ == nullptr || link_->mounted(); }
   // Null for a segment embedded in the master.
@@ -111,10 +112,13 @@ class Segment {
   std::unique_ptr<MemoryPool> pool_;
   std::shared_ptr<rdma::Device> rdma_;
   std::shared_ptr<rdma::MemoryRegion> pool_region_;
-  Manifest manifest_;
+  // Cuts reads by key of what leaves it (GrantTable::CutKeyReads).
+  std::unique_ptr<Manifest> manifest_;
   std::unique_ptr<DataServer> server_;
   std::unique_ptr<ShmAdmission> shm_;
   std::unique_ptr<MasterLink> link_;
+  // link_, for the data server's threads, which start before it is made.
+  std::atomic<const MasterLink*> linked_{nullptr};
 };
 
 }  // namespace kvpool::segment

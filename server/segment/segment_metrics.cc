@@ -18,6 +18,13 @@ std::vector<prometheus::MetricFamily> CollectSegmentMetrics(const Segment& segme
                    {{"op", "read"}, {"transport", "tcp"}});
   families.Counter("kvpool_data_requests_total", kRequests, static_cast<double>(tcp.writes),
                    {{"op", "write"}, {"transport", "tcp"}});
+  families.Counter("kvpool_data_requests_total", kRequests, static_cast<double>(tcp.key_reads),
+                   {{"op", "read_key"}, {"transport", "tcp"}});
+  families.Counter("kvpool_data_key_reads_missed_total",
+                   "READ_KEY requests answered OBJECT_NOT_FOUND or BUFFER_OVERFLOW: the key is not "
+                   "here (placed elsewhere, removed), or reads by key are off while the segment is "
+                   "out of touch with its master.",
+                   static_cast<double>(tcp.key_reads_missed));
   families.Counter("kvpool_data_bytes_total", kBytes, static_cast<double>(tcp.bytes_read),
                    {{"op", "read"}, {"transport", "tcp"}});
   families.Counter("kvpool_data_bytes_total", kBytes, static_cast<double>(tcp.bytes_written),
