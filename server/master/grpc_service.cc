@@ -108,6 +108,11 @@ void ToProto(const SegmentSummary& segment, v1::SegmentStatus* out) {
                                      : "active");
   out->set_last_heartbeat_age_ms(
       static_cast<uint64_t>(absl::ToInt64Milliseconds(segment.heartbeat_age)));
+  if (segment.key_read_credential.has_value()) {
+    out->set_key_read_credential(segment.key_read_credential->data(),
+                                 segment.key_read_credential->size());
+    out->set_key_read_expiry_ms(static_cast<uint64_t>(absl::ToUnixMillis(segment.key_read_expiry)));
+  }
 }
 
 PinMode FromProto(v1::PinMode pin) {
@@ -750,9 +755,14 @@ grpc::ServerUnaryReactor* MasterGrpcService::ListSegments(
   absl::StatusOr<Identity> caller = auth_.Admit(*context, Rpc::kListSegments, {});
   if (!caller.ok()) return call.Finish(caller.status());
   if (grpc::ServerUnaryReactor* refused = RefuseUnlessLeader(call, context)) return refused;
-  for (const SegmentSummary& segment : master_.GetClusterSummary().segments) {
+  // Key-read credentials (proto/key_read.h) for callers who may read objects, of their own
+  // tenant: what they could read through the master anyway.
+  bool reader = RuleFor(Rpc::kBatchGetReplicaList, caller->role) != Rule::kDeny;
+  for (const SegmentSummary& segment : master_.ListSegments(
+           reader ? std::optional<absl::string_view>(caller->tenant) : std::nullopt)) {
     ToProto(segment, response->add_segments());
   }
+  response->set_tenant(caller->tenant);
   return call.Finish(absl::OkStatus());
 }
 

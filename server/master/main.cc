@@ -163,8 +163,9 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
   info.token_secret = (*segment)->token_secret();
   info.embedded = true;
   kvpool::segment::Segment* embedded = segment->get();
-  info.end_grant = [embedded](uint64_t grant, bool writes_only, absl::Time until) {
-    embedded->EndGrant(grant, writes_only, until);
+  info.apply_record = [embedded](const kvpool::master::ManifestRecord& record) {
+    embedded->ApplyRecord(record.kind == kvpool::master::ManifestRecord::Kind::kAdd, record.key,
+                          record.offset, record.size, record.checksum, record.grant, record.until);
   };
   info.busy_ranges = [embedded] { return embedded->grants().BusyRanges(); };
   if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;

@@ -38,20 +38,6 @@
 
 namespace kvpool::master {
 
-struct ManifestRecord {
-  enum class Kind : uint8_t { kAdd = 1, kForget = 2 };
-  Kind kind = Kind::kAdd;
-  std::string key;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-  uint64_t checksum = 0;
-  PinMode pin = PinMode::kNone;
-  // The replica's grant (capability tokens carry it), and the latest expiry of any token
-  // minted for it: the segment remembers the ended grant until then.
-  uint64_t grant = 0;
-  absl::Time until = absl::InfinitePast();
-};
-
 class ManifestSync {
  public:
   // What a batch must wait for: per segment, the sequence number to be applied.

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "proto/capability.h"
 #include "proto/error_codes.h"
+#include "proto/key_read.h"
 #include "server/master/tenant_keys.h"
 
 namespace kvpool::master {
@@ -119,16 +120,15 @@ absl::Status Master::MountSegment(SegmentInfo info) {
       // The record's range is freed right after this (AppendThen): a late shared-memory
       // write it leaves busy is held first, as a heartbeat's report would be.
       std::weak_ptr<MountedSegment> weak = mounted->segment;
-      manifest_sync_.TrackLocal(segment.id(), [end = segment.info().end_grant,
-                                               busy = segment.info().busy_ranges,
-                                               weak](const ManifestRecord& record) {
-        if (!end) return;  // no grants to end (e.g. a test's embedded segment)
-        end(record.grant, /*writes_only=*/record.kind == ManifestRecord::Kind::kAdd,
-            record.until);
-        if (std::shared_ptr<MountedSegment> held = weak.lock(); held && busy) {
-          held->ReportBusy(busy()).IgnoreError();  // its own, within bounds
-        }
-      });
+      manifest_sync_.TrackLocal(
+          segment.id(), [apply = segment.info().apply_record, busy = segment.info().busy_ranges,
+                         weak](const ManifestRecord& record) {
+            if (!apply) return;  // nothing to tell (e.g. a test's embedded segment)
+            apply(record);
+            if (std::shared_ptr<MountedSegment> held = weak.lock(); held && busy) {
+              held->ReportBusy(busy()).IgnoreError();  // its own, within bounds
+            }
+          });
     }
     KVPOOL_LOG(INFO) << "mounted segment " << name << " (" << segment.allocator().capacity()
                      << " bytes at " << segment.info().endpoint << ")"
@@ -436,6 +436,20 @@ absl::StatusOr<std::vector<PutStartResult>> Master::BatchPutStart(
       if (a.named != b.named) return a.named < b.named;
       return a.preferred != b.preferred ? a.preferred : a.free > b.free;
     });
+    // The key's home segment (proto/key_read.h), where readers look first, goes first among
+    // those tried first, if it has room.
+    auto home = candidates.end();
+    double best = 0;
+    for (auto it = candidates.begin(); it != candidates.end(); ++it) {
+      double score =
+          wire::HomeScore(key, it->segment->info().name, it->segment->allocator().capacity());
+      if (home == candidates.end() || score > best) home = it, best = score;
+    }
+    if (home != candidates.end() && home->named == candidates.front().named &&
+        home->preferred == candidates.front().preferred &&
+        home->free >= RangeAllocator::Rounded(request.size)) {
+      std::rotate(candidates.begin(), home, home + 1);
+    }
     std::vector<std::shared_ptr<MountedSegment>> order;
     for (const Candidate& candidate : candidates) order.push_back(candidate.segment);
     absl::StatusOr<ObjectView> reserved = ShardFor(key).Reserve(key, request, order);
@@ -787,24 +801,43 @@ uint64_t Master::ReclaimExpiredReservations() {
 
 // --- Status ---
 
+SegmentSummary Master::Summarize(const MountedSegment& segment, absl::Time now) const {
+  SegmentSummary s;
+  s.name = segment.info().name;
+  s.host = segment.info().host;
+  s.endpoint = segment.info().endpoint;
+  s.shm_socket = segment.info().shm_socket;
+  s.machine_id = segment.info().machine_id;
+  s.capacity_bytes = segment.allocator().capacity();
+  s.used_bytes = segment.allocator().used();
+  s.busy_bytes = segment.allocator().held();
+  s.replicas = segment.replica_count();
+  s.embedded = segment.info().embedded;
+  s.draining = segment.draining();
+  s.restoring = segment.restoring();
+  s.heartbeat_age = s.embedded ? absl::ZeroDuration() : now - segment.last_heartbeat();
+  return s;
+}
+
+std::vector<SegmentSummary> Master::ListSegments(std::optional<absl::string_view> tenant) const {
+  absl::Time now = options_.clock();
+  std::vector<SegmentSummary> listed;
+  for (const auto& segment : segments_.List()) {
+    SegmentSummary& s = listed.emplace_back(Summarize(*segment, now));
+    if (tenant.has_value()) {
+      s.key_read_expiry = now + kKeyReadCredentialTtl;
+      s.key_read_credential =
+          wire::MintKeyReadCredential(segment->token_key(), *tenant, s.key_read_expiry);
+    }
+  }
+  return listed;
+}
+
 ClusterSummary Master::GetClusterSummary() const {
   ClusterSummary summary;
   absl::Time now = options_.clock();
   for (const auto& segment : segments_.List()) {
-    SegmentSummary s;
-    s.name = segment->info().name;
-    s.host = segment->info().host;
-    s.endpoint = segment->info().endpoint;
-    s.shm_socket = segment->info().shm_socket;
-    s.machine_id = segment->info().machine_id;
-    s.capacity_bytes = segment->allocator().capacity();
-    s.used_bytes = segment->allocator().used();
-    s.busy_bytes = segment->allocator().held();
-    s.replicas = segment->replica_count();
-    s.embedded = segment->info().embedded;
-    s.draining = segment->draining();
-    s.restoring = segment->restoring();
-    s.heartbeat_age = s.embedded ? absl::ZeroDuration() : now - segment->last_heartbeat();
+    SegmentSummary s = Summarize(*segment, now);
     summary.capacity_bytes += s.capacity_bytes;
     summary.used_bytes += s.used_bytes;
     summary.segments.push_back(std::move(s));

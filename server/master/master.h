@@ -173,6 +173,10 @@ struct SegmentSummary {
   bool draining = false;
   bool restoring = false;
   absl::Duration heartbeat_age;
+  // Master::ListSegments only: a key-read credential of the caller's tenant for this segment
+  // (proto/key_read.h), and when it expires.
+  std::optional<wire::Token> key_read_credential;
+  absl::Time key_read_expiry = absl::InfinitePast();
 };
 
 struct ClusterSummary {
@@ -307,11 +311,17 @@ class Master {
   size_t ForgetSettledRemovals() ABSL_LOCKS_EXCLUDED(removals_mu_);
 
   ClusterSummary GetClusterSummary() const;
+  // The mounted segments as GetClusterSummary lists them (without the cluster's totals, no
+  // scan of the index), each with a key-read credential for `tenant` when one is given (a
+  // caller who may read objects), valid for kKeyReadCredentialTtl.
+  std::vector<SegmentSummary> ListSegments(std::optional<absl::string_view> tenant) const;
+  static constexpr absl::Duration kKeyReadCredentialTtl = absl::Seconds(60);
   // Committed objects under a lease now (scans the index).
   uint64_t CountLeased() const;
 
  private:
   IndexShard& ShardFor(absl::string_view key);
+  SegmentSummary Summarize(const MountedSegment& segment, absl::Time now) const;
   // InvalidArgument (INVALID_KEY) for an empty or too long key.
   absl::Status ValidateKey(absl::string_view key) const;
   // With a token for `opcode` until `expiry`, or none (`mint` false).

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "proto/capability.h"
 #include "proto/error_codes.h"
+#include "proto/key_read.h"
 
 namespace kvpool::master {
 namespace {
@@ -222,17 +223,61 @@ TEST_F(MasterTest, NoSegmentMeansPressureNotAnError) {
   EXPECT_EQ(ToErrorCode(PutStart("k", 10).status), v1::NO_AVAILABLE_HANDLE);
 }
 
-TEST_F(MasterTest, ReplicasGoToDistinctSegmentsWithTheMostFreeSpace) {
+// The key's home segment (proto/key_read.h: where readers by key look) of a, b, c.
+std::string HomeOf(const std::string& key, const std::map<std::string, uint64_t>& capacities) {
+  std::string home;
+  double best = 0;
+  for (const auto& [name, capacity] : capacities) {
+    double score = wire::HomeScore(key, name, capacity);
+    if (home.empty() || score > best) home = name, best = score;
+  }
+  return home;
+}
+
+TEST_F(MasterTest, ReplicasGoToTheKeysHomeThenDistinctSegmentsWithTheMostFreeSpace) {
   ASSERT_TRUE(master_.MountSegment(Segment("a", 1 << 20)).ok());
   ASSERT_TRUE(master_.MountSegment(Segment("b", 2 << 20)).ok());
   ASSERT_TRUE(master_.MountSegment(Segment("c", 1 << 20)).ok());
-  PutStartResult one = PutStart("one", 1000);
-  EXPECT_EQ(one.placements[0].segment_name, "b");
+  const std::map<std::string, uint64_t> capacities = {
+      {"a", 1 << 20}, {"b", 2 << 20}, {"c", 1 << 20}};
+  for (int i = 0; i < 20; ++i) {
+    std::string key = "one-" + std::to_string(i);
+    PutStartResult one = PutStart(key, 1000);
+    EXPECT_EQ(one.placements[0].segment_name, HomeOf(key, capacities)) << key;
+  }
   PutStartResult two = PutStart("two", 1000, 2);
   ASSERT_EQ(two.placements.size(), 2u);
+  EXPECT_EQ(two.placements[0].segment_name, HomeOf("two", capacities));
   EXPECT_NE(two.placements[0].segment_name, two.placements[1].segment_name);
+  // After the home, the most free: b, unless b is the home (then a or c).
+  if (two.placements[0].segment_name != "b") EXPECT_EQ(two.placements[1].segment_name, "b");
   PutStartResult many = PutStart("many", 1000, 5);
   EXPECT_EQ(many.placements.size(), 3u);  // as many as there are segments
+}
+
+TEST_F(MasterTest, AFullHomeSendsTheKeyToTheMostFreeSegment) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 64 << 10)).ok());
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
+  const std::map<std::string, uint64_t> capacities = {{"a", 64 << 10}, {"b", 1 << 20}};
+  // Fill a with keys whose home it is; the next such key goes to b.
+  int placed_on_a = 0;
+  for (int i = 0; i < 1000 && placed_on_a < 16; ++i) {
+    std::string key = "k" + std::to_string(i);
+    if (HomeOf(key, capacities) != "a") continue;
+    PutStartResult put = PutStart(key, 4096);
+    ASSERT_TRUE(put.status.ok()) << put.status;
+    EXPECT_EQ(put.placements[0].segment_name, placed_on_a < 16 ? "a" : "b");
+    ++placed_on_a;
+  }
+  ASSERT_EQ(placed_on_a, 16);
+  for (int i = 1000; i < 2000; ++i) {
+    std::string key = "k" + std::to_string(i);
+    if (HomeOf(key, capacities) != "a") continue;
+    PutStartResult put = PutStart(key, 4096);
+    ASSERT_TRUE(put.status.ok()) << put.status;
+    EXPECT_EQ(put.placements[0].segment_name, "b");
+    break;
+  }
 }
 
 TEST_F(MasterTest, RemoveFreesSpaceAndRemoveAllLeavesReservations) {
@@ -686,17 +731,19 @@ TEST_F(MasterTest, KeysOfOneBatchSpreadOverSegments) {
   ASSERT_TRUE(master_.MountSegment(Segment("b", 1 << 20)).ok());
   std::vector<std::string> keys;
   std::vector<uint64_t> sizes;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 200; ++i) {
     keys.push_back("k" + std::to_string(i));
-    sizes.push_back(64 << 10);
+    sizes.push_back(4 << 10);
   }
   std::map<std::string, int> per_segment;
   std::vector<PutStartResult> results = master_.BatchPutStart(keys, sizes, {}).value();
-  for (const PutStartResult& r : results) {
-    per_segment[r.placements[0].segment_name]++;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& segment = results[i].placements[0].segment_name;
+    per_segment[segment]++;
+    EXPECT_EQ(segment, HomeOf(keys[i], {{"a", 1 << 20}, {"b", 1 << 20}})) << keys[i];
   }
-  EXPECT_EQ(per_segment["a"], 4);
-  EXPECT_EQ(per_segment["b"], 4);
+  EXPECT_NEAR(per_segment["a"], 100, 30);
+  EXPECT_NEAR(per_segment["b"], 100, 30);
 }
 
 TEST_F(MasterTest, DrainedSegmentTakesNothingNewAndLeavesWhenNothingIsLeased) {
@@ -1123,7 +1170,7 @@ TEST_F(MasterTest, EmbeddedSegmentsBusyRangesAreHeldUntilNoLongerBusy) {
   info.embedded = true;
   std::vector<wire::ByteRange> busy;
   std::optional<uint64_t> late_grant;
-  info.end_grant = [&](uint64_t, bool, absl::Time) {
+  info.apply_record = [&](const ManifestRecord&) {
     if (late_grant) busy = {{*late_grant, 4096}};  // its writer is still copying
   };
   info.busy_ranges = [&] { return busy; };

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/pin_mode.h"
 #include "proto/busy_ranges.h"
 #include "proto/capability.h"
 #include "server/master/range_allocator.h"
@@ -26,6 +27,21 @@ namespace kvpool::master {
 // Never reused, so a replica that names a segment that went away can never resolve to
 // another segment that mounted later under the same name.
 using SegmentId = uint64_t;
+
+// One change to a segment's manifest (ManifestSync): an object committed there, or forgotten.
+struct ManifestRecord {
+  enum class Kind : uint8_t { kAdd = 1, kForget = 2 };
+  Kind kind = Kind::kAdd;
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  PinMode pin = PinMode::kNone;
+  // The replica's grant (capability tokens carry it), and the latest expiry of any token
+  // minted for it: the segment remembers the ended grant until then.
+  uint64_t grant = 0;
+  absl::Time until = absl::InfinitePast();
+};
 
 // What a segment tells the master about itself when it mounts.
 struct SegmentInfo {
@@ -39,9 +55,9 @@ struct SegmentInfo {
   std::string token_secret;
   // Runs inside the master process: never expires, keeps no manifest.
   bool embedded = false;
-  // For an embedded segment: ends a grant on it (all of it, or its writes only), remembered
-  // until `until`. Called as the master ends grants.
-  std::function<void(uint64_t grant, bool writes_only, absl::Time until)> end_grant;
+  // For an embedded segment: applies a manifest record to it (ends the record's grant, all of
+  // it or its writes only, and keeps its manifest for reads by key), as the master appends it.
+  std::function<void(const ManifestRecord& record)> apply_record;
   // For an embedded segment: the ranges it holds busy now (GrantTable::BusyRanges), asked
   // after each grant it is told to end and every second (Master::RefreshEmbeddedBusy), in
   // place of a heartbeat's report.
