@@ -8,21 +8,22 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "client/client_builder.h"
 #include "client/master_client.h"
 #include "client/routing_transport.h"
 #include "client/segment_directory.h"
 #include "client/tcp_transport.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "common/latency_histogram.h"
-#include "common/task_pool.h"
 #include "common/metric_families.h"
-#include "kvpool/client_metrics.h"
 #include "common/net.h"
+#include "common/task_pool.h"
+#include "kvpool/client_metrics.h"
 #include "proto/checksum.h"
 #include "proto/error_codes.h"
+#include "proto/key_read.h"
 #include "proto/tls.h"
 
 namespace kvpool {
@@ -128,9 +129,20 @@ struct Client::Impl {
   // Steps G1 and G2 for one key whose size the caller does not know.
   absl::StatusOr<std::string> GetValue(absl::string_view key, const GetOptions& options);
 
-  // Step G1 then G2 for a batch, once.
+  // Step G1 then G2 for a batch, once: keys read by key first (ReadByKey), the rest
+  // through the master (BatchGetLocated).
   std::vector<absl::StatusOr<uint64_t>> BatchGetOnce(absl::Span<const GetItem> items,
                                                      const GetOptions& options);
+  std::vector<absl::StatusOr<uint64_t>> BatchGetLocated(absl::Span<const GetItem> items,
+                                                        const GetOptions& options);
+  // Reads by key (ClientOptions::read_by_key): each key with no kept location whose home
+  // segment the directory knows, in one transport call, no master call. A value that came
+  // and matches the segment's checksum for it sets its result; returns the indices of the
+  // others (not there, not tried, or failed: the master is asked for those).
+  std::vector<size_t> ReadByKey(absl::Span<const GetItem> items,
+                                std::vector<absl::StatusOr<uint64_t>>& results);
+  // Largest value read by key from a segment on this machine (larger ones: shared memory).
+  static constexpr uint64_t kKeyReadLocalMax = 64 << 10;
 
   // Copies objects as the master planned them (a drain, a replica copy): reads each from its
   // source into `buffer`, checks its checksum, writes it to its destination. Whether each
@@ -185,6 +197,8 @@ struct Client::Impl {
   std::atomic<uint64_t> bytes_got{0};
   std::atomic<uint64_t> location_cache_hits{0};
   std::atomic<uint64_t> master_lookups{0};
+  std::atomic<uint64_t> key_reads{0};
+  std::atomic<uint64_t> key_read_misses{0};
 };
 
 std::vector<uint64_t> Client::Impl::Checksums(const std::vector<std::vector<iovec>>& values) {
@@ -245,6 +259,13 @@ std::vector<prometheus::MetricFamily> ClientMetrics::Collect() const {
   families.Counter("kvpool_client_master_lookups_total",
                    "Calls to the master to locate keys (one per batch that missed the cache).",
                    static_cast<double>(impl.master_lookups.load()));
+  const char* kKeyReads =
+      "Keys read by key from their home segment, without the master (hit), "
+      "or asked of the master after such a read found nothing there (miss).";
+  families.Counter("kvpool_client_key_reads_total", kKeyReads,
+                   static_cast<double>(impl.key_reads.load()), {{"result", "hit"}});
+  families.Counter("kvpool_client_key_reads_total", kKeyReads,
+                   static_cast<double>(impl.key_read_misses.load()), {{"result", "miss"}});
   return families.Take();
 }
 
@@ -407,6 +428,71 @@ void Client::Impl::ReadLocated(const std::vector<Located>& located, std::vector<
 
 std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetOnce(absl::Span<const GetItem> items,
                                                                const GetOptions& options) {
+  std::vector<absl::StatusOr<uint64_t>> results(items.size(), uint64_t{0});
+  std::vector<size_t> rest = ReadByKey(items, results);
+  if (rest.size() == items.size()) return BatchGetLocated(items, options);
+  if (rest.empty()) return results;
+  std::vector<GetItem> remaining;
+  remaining.reserve(rest.size());
+  for (size_t i : rest) remaining.push_back(items[i]);
+  std::vector<absl::StatusOr<uint64_t>> located = BatchGetLocated(remaining, options);
+  for (size_t k = 0; k < rest.size(); ++k) results[rest[k]] = std::move(located[k]);
+  return results;
+}
+
+std::vector<size_t> Client::Impl::ReadByKey(absl::Span<const GetItem> items,
+                                            std::vector<absl::StatusOr<uint64_t>>& results) {
+  std::vector<size_t> rest;
+  std::vector<TransferOp> ops;
+  std::vector<size_t> owners;
+  for (size_t i = 0; i < items.size(); ++i) {
+    bool kept = false;
+    if (options.read_by_key && options.cache_locations) {
+      absl::MutexLock lock(&cache_mu);
+      kept = locations.contains(items[i].key);
+    }
+    std::optional<client::SegmentDirectory::KeyHome> home;
+    if (options.read_by_key && !kept) home = directory.HomeOf(items[i].key);
+    uint64_t capacity = 0;
+    for (const MutableBuffer& part : items[i].parts) capacity += part.size;
+    if (!home.has_value() || capacity == 0 || items[i].key.size() > wire::kMaxKeyReadKey ||
+        (home->local && capacity > kKeyReadLocalMax)) {
+      rest.push_back(i);
+      continue;
+    }
+    ops.push_back(TransferOp{.opcode = wire::Opcode::kReadKey,
+                             .endpoint = home->endpoint,
+                             .length = capacity,
+                             .token = home->credential,
+                             .iov = Truncated(items[i].parts, capacity),
+                             .tenant = std::move(home->tenant),
+                             .key = items[i].key,
+                             .hash = true});
+    owners.push_back(i);
+  }
+  if (ops.empty()) return rest;
+  transport->Execute(absl::MakeSpan(ops), TransferDeadline());
+  for (size_t k = 0; k < ops.size(); ++k) {
+    TransferOp& op = ops[k];
+    if (op.status.ok() && !op.checksum.has_value()) {
+      op.checksum = wire::Checksum(Truncated(items[owners[k]].parts, op.length));
+    }
+    // A value cut by a removal, a range reused: the segment's checksum tells it; the master
+    // is asked then, as for a key not there.
+    if (op.status.ok() && *op.checksum == op.key_checksum) {
+      results[owners[k]] = op.length;
+      key_reads.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      rest.push_back(owners[k]);
+      key_read_misses.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  std::sort(rest.begin(), rest.end());
+  return rest;
+}
+
+std::vector<absl::StatusOr<uint64_t>> Client::Impl::BatchGetLocated(absl::Span<const GetItem> items,
+                                                                    const GetOptions& options) {
   const size_t n = items.size();
   std::vector<absl::StatusOr<uint64_t>> results(n, uint64_t{0});
   if (n == 0) return results;

@@ -253,12 +253,12 @@ class FakeMaster final : public MasterClient {
     return n;
   }
   absl::StatusOr<ClusterStatus> GetClusterStatus() override { return ClusterStatus{}; }
-  absl::StatusOr<std::vector<client::SegmentEntry>> ListSegments() override {
+  absl::StatusOr<client::SegmentList> ListSegments() override {
     ++lists;
     if (unavailable) return Unavailable();
     if (list_delay_ms > 0) absl::SleepFor(absl::Milliseconds(list_delay_ms.load()));
     absl::MutexLock lock(&mu_);
-    return segments_;
+    return client::SegmentList{.segments = segments_};
   }
 
   // Drains: every object with a replica on `segment` is moved to the next segment.

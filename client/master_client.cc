@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/arena.h"
@@ -136,7 +137,7 @@ class GrpcMasterClient final : public MasterClient {
                                               absl::string_view segment, bool force) override;
   absl::StatusOr<uint64_t> RemoveAll(bool force, absl::string_view key_regex) override;
   absl::StatusOr<ClusterStatus> GetClusterStatus() override;
-  absl::StatusOr<std::vector<SegmentEntry>> ListSegments() override;
+  absl::StatusOr<SegmentList> ListSegments() override;
   absl::Status DrainSegment(absl::string_view name, bool migrate) override;
   absl::StatusOr<MigrationBatch> MigrateStart(absl::string_view segment, uint32_t max_objects,
                                               uint64_t max_bytes) override;
@@ -547,19 +548,27 @@ absl::StatusOr<ClusterStatus> GrpcMasterClient::GetClusterStatus() {
   return status;
 }
 
-absl::StatusOr<std::vector<SegmentEntry>> GrpcMasterClient::ListSegments() {
+absl::StatusOr<SegmentList> GrpcMasterClient::ListSegments() {
   absl::StatusOr<v1::ListSegmentsResponse> response =
       Call(&v1::MasterService::Stub::ListSegments, v1::ListSegmentsRequest());
   if (!response.ok()) return response.status();
-  std::vector<SegmentEntry> segments;
+  SegmentList list{.tenant = response->tenant()};
   for (const v1::SegmentStatus& s : response->segments()) {
-    segments.push_back(SegmentEntry{.name = s.name(),
-                                    .endpoint = s.endpoint(),
-                                    .host = s.host(),
-                                    .shm_socket = s.shm_socket(),
-                                    .machine_id = s.machine_id()});
+    SegmentEntry& entry = list.segments.emplace_back(SegmentEntry{.name = s.name(),
+                                                                  .endpoint = s.endpoint(),
+                                                                  .host = s.host(),
+                                                                  .shm_socket = s.shm_socket(),
+                                                                  .machine_id = s.machine_id()});
+    entry.active = absl::StartsWith(s.state(), "active");
+    entry.capacity = s.capacity_bytes();
+    if (s.key_read_credential().size() == wire::kTokenSize) {
+      entry.key_read_credential.emplace();
+      std::memcpy(entry.key_read_credential->data(), s.key_read_credential().data(),
+                  wire::kTokenSize);
+      entry.key_read_expiry = absl::FromUnixMillis(static_cast<int64_t>(s.key_read_expiry_ms()));
+    }
   }
-  return segments;
+  return list;
 }
 
 absl::Status GrpcMasterClient::DrainSegment(absl::string_view name, bool migrate) {

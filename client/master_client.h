@@ -135,6 +135,19 @@ struct SegmentEntry {
   std::string host;
   std::string shm_socket;  // empty: none offered
   std::string machine_id;  // the segment's machine (kernel boot id)
+  // Active: neither draining nor restoring (the master places new objects only there).
+  bool active = true;
+  uint64_t capacity = 0;  // bytes
+  // A key-read credential of the caller's tenant for this segment (proto/key_read.h), until
+  // key_read_expiry; none for a caller who may not read.
+  std::optional<wire::Token> key_read_credential;
+  absl::Time key_read_expiry = absl::InfinitePast();
+};
+
+struct SegmentList {
+  // The caller's tenant, as the master knows it from its credentials (empty: global).
+  std::string tenant;
+  std::vector<SegmentEntry> segments;
 };
 
 class MasterClient {
@@ -166,7 +179,7 @@ class MasterClient {
   // The operator's view (scans every object on the master: not for a data path).
   virtual absl::StatusOr<ClusterStatus> GetClusterStatus() = 0;
   // The mounted segments, for routing (cheap: no scan of objects).
-  virtual absl::StatusOr<std::vector<SegmentEntry>> ListSegments() = 0;
+  virtual absl::StatusOr<SegmentList> ListSegments() = 0;
 
   virtual absl::Status DrainSegment(absl::string_view name, bool migrate) = 0;
   virtual absl::StatusOr<MigrationBatch> MigrateStart(absl::string_view segment,

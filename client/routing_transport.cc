@@ -60,7 +60,9 @@ void RoutingTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) 
   std::vector<TransferOp*> rdma_ops;
   std::vector<size_t> tcp_index;
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (auto pool = PoolFor(ops[i])) {
+    if (ops[i].opcode == wire::Opcode::kReadKey) {
+      tcp_index.push_back(i);  // a segment answers reads by key on its data port only
+    } else if (auto pool = PoolFor(ops[i])) {
       shm_ops.emplace_back(&ops[i], std::move(pool));
     } else if (rdma) {
       rdma_ops.push_back(&ops[i]);

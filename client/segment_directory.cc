@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "proto/key_read.h"
+
 namespace kvpool::client {
 
 SegmentDirectory::SegmentDirectory(MasterClient& master, std::string machine_id,
@@ -20,15 +22,17 @@ SegmentDirectory::~SegmentDirectory() {
 }
 
 absl::Status SegmentDirectory::Refresh() {
-  absl::StatusOr<std::vector<SegmentEntry>> segments = master_.ListSegments();
-  if (!segments.ok()) return segments.status();
+  absl::StatusOr<SegmentList> list = master_.ListSegments();
+  if (!list.ok()) return list.status();
   auto snapshot = std::make_shared<Snapshot>();
-  for (const SegmentEntry& segment : *segments) {
+  snapshot->tenant = list->tenant;
+  for (SegmentEntry& segment : list->segments) {
     if (segment.machine_id == machine_id_) {
       snapshot->local[segment.endpoint] = segment.shm_socket;
     } else {
       snapshot->remote.insert(segment.endpoint);
     }
+    if (segment.active) snapshot->active.push_back(std::move(segment));
   }
   absl::MutexLock lock(&mu_);
   snapshot_ = std::move(snapshot);
@@ -88,6 +92,26 @@ std::vector<std::string> SegmentDirectory::LocalShmEndpoints() {
     if (!socket.empty()) endpoints.push_back(endpoint);
   }
   return endpoints;
+}
+
+std::optional<SegmentDirectory::KeyHome> SegmentDirectory::HomeOf(absl::string_view key) {
+  std::shared_ptr<const Snapshot> snapshot = Current();
+  std::string stored = wire::TenantKey(snapshot->tenant, key);
+  const SegmentEntry* home = nullptr;
+  double best = 0;
+  for (const SegmentEntry& segment : snapshot->active) {
+    double score = wire::HomeScore(stored, segment.name, segment.capacity);
+    if (home == nullptr || score > best) home = &segment, best = score;
+  }
+  if (home == nullptr || !home->key_read_credential.has_value() ||
+      home->key_read_expiry - kCredentialMargin < absl::Now()) {
+    return std::nullopt;
+  }
+  auto local = snapshot->local.find(home->endpoint);
+  return KeyHome{.endpoint = home->endpoint,
+                 .local = local != snapshot->local.end() && !local->second.empty(),
+                 .tenant = snapshot->tenant,
+                 .credential = *home->key_read_credential};
 }
 
 uint64_t SegmentDirectory::refreshes() {

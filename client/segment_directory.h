@@ -42,6 +42,16 @@ class SegmentDirectory {
   std::optional<std::string> ShmSocket(const std::string& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
   // This machine's segments that offer shared memory.
   std::vector<std::string> LocalShmEndpoints() ABSL_LOCKS_EXCLUDED(mu_);
+  // Where to read `key` by key (proto/key_read.h): its home among the active segments, with
+  // a key-read credential that has at least kCredentialMargin to run; none without one.
+  struct KeyHome {
+    std::string endpoint;
+    bool local = false;  // on this machine, with shared memory
+    std::string tenant;
+    wire::Token credential{};
+  };
+  std::optional<KeyHome> HomeOf(absl::string_view key) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kCredentialMargin = absl::Seconds(5);
   // Refreshes made so far (for tests).
   uint64_t refreshes() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -49,6 +59,8 @@ class SegmentDirectory {
   struct Snapshot {
     absl::flat_hash_map<std::string, std::string> local;  // endpoint -> socket ("" if none)
     absl::flat_hash_set<std::string> remote;
+    std::string tenant;
+    std::vector<SegmentEntry> active;  // where keys' homes are
   };
   std::shared_ptr<const Snapshot> Current() ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);

@@ -26,6 +26,18 @@ constexpr size_t kMaxSendParts = 1024;
 // kernel copies them into the socket.
 constexpr uint64_t kHashedSendBytes = 256 << 10;
 
+// The first `bytes` of the buffers `iov`.
+std::vector<iovec> Truncated(const std::vector<iovec>& iov, uint64_t bytes) {
+  std::vector<iovec> out;
+  for (const iovec& part : iov) {
+    if (bytes == 0) break;
+    size_t take = std::min<uint64_t>(part.iov_len, bytes);
+    out.push_back({part.iov_base, take});
+    bytes -= take;
+  }
+  return out;
+}
+
 void FailAll(absl::Span<TransferOp* const> ops, const absl::Status& status) {
   for (TransferOp* op : ops) op->status = status;
 }
@@ -118,9 +130,24 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
     while (sent < ops.size() && sent - result.answered < window) {
       TransferOp& op = *ops[sent];
       const bool write = op.opcode == wire::Opcode::kWrite;
-      size_t parts = 1 + (write ? op.iov.size() : 0);
+      const bool by_key = op.opcode == wire::Opcode::kReadKey;
+      size_t parts = 1 + (write ? op.iov.size() : 0) + (by_key ? 2 : 0);
       if (!iov.empty() && iov.size() + parts > kMaxSendParts) break;
       uint8_t* header = &headers[(sent % window) * wire::kRequestHeaderSize];
+      if (by_key) {  // the tenant and the key follow; offset caps the answer
+        wire::EncodeRequest({.opcode = op.opcode,
+                             .flags = static_cast<uint16_t>(op.tenant.size()),
+                             .request_id = sent,
+                             .offset = op.length,
+                             .length = op.tenant.size() + op.key.size(),
+                             .token = op.token},
+                            header);
+        iov.push_back(iovec{header, wire::kRequestHeaderSize});
+        iov.push_back(iovec{op.tenant.data(), op.tenant.size()});
+        iov.push_back(iovec{op.key.data(), op.key.size()});
+        ++sent;
+        continue;
+      }
       wire::EncodeRequest({.opcode = op.opcode,
                            .request_id = sent,
                            .offset = op.offset,
@@ -168,22 +195,34 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
       (void)stream.Recv(absl::MakeSpan(&reason_iov, 1), deadline);
       op.status = FromErrorCode(header->status, absl::StrCat("segment ", endpoint, ": ", reason));
       ++result.answered;
+      // A read by key of a value not there (or too large) leaves the connection in step.
+      if (op.opcode == wire::Opcode::kReadKey && (header->status == ErrorCode::OBJECT_NOT_FOUND ||
+                                                  header->status == ErrorCode::BUFFER_OVERFLOW)) {
+        continue;
+      }
       result.in_step = false;
       return result;
     }
+    const bool by_key = op.opcode == wire::Opcode::kReadKey;
     uint64_t expected = op.opcode == wire::Opcode::kRead ? op.length : 0;
-    if (header->length != expected) {
+    if (by_key ? header->length == 0 || header->length > op.length : header->length != expected) {
       result.io_error = absl::UnavailableError(
-          absl::StrCat("segment answered ", header->length, " bytes, expected ", expected));
+          absl::StrCat("segment answered ", header->length, " bytes, expected ",
+                       by_key ? absl::StrCat("1 to ", op.length) : absl::StrCat(expected)));
       return result;
     }
+    if (by_key) {
+      op.length = expected = header->length;
+      op.key_checksum = header->checksum;
+    }
     if (expected > 0) {
-      std::vector<iovec> target = op.iov;
+      std::vector<iovec> landed = by_key ? Truncated(op.iov, expected) : op.iov;
+      std::vector<iovec> target = landed;  // Recv moves through it
       result.io_error = stream.Recv(absl::MakeSpan(target), deadline);
       if (!result.io_error.ok()) return result;
       // Step G2's check, hashed in this lane while the bytes are in its cache (the next
       // answer meanwhile fills the socket's buffer); the caller compares.
-      if (op.hash) op.checksum = wire::Checksum(op.iov);
+      if (op.hash) op.checksum = wire::Checksum(landed);
     }
     op.status = absl::OkStatus();
     ++result.answered;

@@ -28,6 +28,12 @@ struct TransferOp {
   wire::Token token{};
   // Caller buffers, `length` bytes in all.
   std::vector<iovec> iov;
+  // READ_KEY (proto/key_read.h; TCP only): the tenant and key to read, `token` a key-read
+  // credential, `length` the most bytes the buffers take. Once answered, `length` is the
+  // value's size and `key_checksum` its writer's checksum, which the caller must compare.
+  std::string tenant;
+  std::string key;
+  uint64_t key_checksum = 0;
   // The caller needs wire::Checksum of the op's bytes: for a read, to check them against their
   // writer's checksum; for a write, to record it at the commit. A transport that touches the
   // bytes anyway (TCP: a read as it arrives, a write just before it is sent) hashes them there,

@@ -111,6 +111,12 @@ struct ClientOptions {
   // data-plane round trip. The lease keeps the object from being evicted or removed
   // meanwhile; only a forced remove by another client could pull it away.
   bool cache_locations = true;
+  // Read a key with no kept location straight from its home segment (READ_KEY,
+  // docs/protocol.md), without asking the master: one data-plane round trip for a key's first
+  // get. The value is always checked against the checksum the segment holds for it; a key
+  // not there (placed elsewhere, removed) is then asked of the master as before. Values of
+  // more than 64 KiB on this machine's segments go through shared memory instead.
+  bool read_by_key = true;
   // This machine's host name as segments advertise it: replicas on this host are read
   // first, and PutOptions::prefer_local_segment puts new objects here. Default: hostname.
   std::string local_host;
