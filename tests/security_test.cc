@@ -7,6 +7,7 @@
 // Certificates are made at test time with the openssl CLI (tests/harness/pki.h).
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,16 +22,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/net.h"
-#include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "kvpool/client.h"
 #include "kvpool/v1/master.grpc.pb.h"
 #include "proto/channel.h"
+#include "proto/frame.h"
 #include "proto/tls.h"
 #include "tests/harness/cluster.h"
 #include "tests/harness/eventually.h"
 #include "tests/harness/http_get.h"
 #include "tests/harness/pki.h"
+#include "tests/harness/raw_tcp.h"
 
 namespace kvpool {
 namespace {
@@ -458,6 +461,48 @@ TEST_F(AuthTest, TenantsCannotSeeReadOverwriteOrRemoveEachOthersObjects) {
   std::string forged = absl::StrCat("\x1e", "team-a", "\x1e", "shared-name");
   EXPECT_EQ(engine_b->Get(forged).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(engine_a_->Get("shared-name").value_or(""), "A's bytes");
+}
+
+// Reads by key (READ_KEY) look a key up in the caller's tenant only, under a credential the
+// master gave that tenant; a stranger's frame is refused.
+TEST_F(AuthTest, ReadsByKeyStayInTheCallersTenant) {
+  std::unique_ptr<Client> engine_b = ClientWith(kEngineB);
+  ASSERT_NE(engine_b, nullptr);
+  ASSERT_TRUE(engine_a_->Put("by-key", "A's value").ok());
+  auto get = [](Client& client, const std::string& key) -> absl::StatusOr<std::string> {
+    std::string buffer(64, '\0');
+    absl::StatusOr<uint64_t> size = client.Get(key, {MutableBuffer{buffer.data(), 64}});
+    if (!size.ok()) return size.status();
+    return buffer.substr(0, *size);
+  };
+  EXPECT_EQ(get(*engine_b, "by-key").status().code(), absl::StatusCode::kNotFound);
+  std::string forged = absl::StrCat("\x1e", "team-a", "\x1e", "by-key");
+  EXPECT_EQ(get(*engine_b, forged).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(get(*engine_a_, "by-key").value_or("<lost>"), "A's value");
+  EXPECT_NE(engine_a_->MetricsText().find("kvpool_client_key_reads_total{result=\"hit\"} 1"),
+            std::string::npos)
+      << engine_a_->MetricsText();
+  EXPECT_NE(engine_b->MetricsText().find("kvpool_client_key_reads_total{result=\"hit\"} 0"),
+            std::string::npos)
+      << engine_b->MetricsText();
+  // A stranger's READ_KEY with no credential: refused, connection closed.
+  int fd = testing::ConnectRawTcp(segment_.data);
+  ASSERT_GE(fd, 0);
+  std::string key = "by-key";
+  uint8_t header[wire::kRequestHeaderSize];
+  wire::EncodeRequest({.opcode = wire::Opcode::kReadKey,
+                       .flags = 6,
+                       .request_id = 1,
+                       .offset = 1 << 20,
+                       .length = 6 + key.size()},
+                      header);
+  std::string frame = absl::StrCat(
+      absl::string_view(reinterpret_cast<const char*>(header), sizeof(header)), "team-a", key);
+  ASSERT_EQ(send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+  uint8_t answer[wire::kResponseHeaderSize];
+  ASSERT_EQ(recv(fd, answer, sizeof(answer), MSG_WAITALL), static_cast<ssize_t>(sizeof(answer)));
+  EXPECT_EQ(wire::DecodeResponse(answer)->status, v1::PERMISSION_DENIED);
+  close(fd);
 }
 
 TEST_F(AuthTest, KvpoolctlCarriesItsToken) {
