@@ -141,8 +141,6 @@ struct Client::Impl {
   // others (not there, not tried, or failed: the master is asked for those).
   std::vector<size_t> ReadByKey(absl::Span<const GetItem> items,
                                 std::vector<absl::StatusOr<uint64_t>>& results);
-  // Largest value read by key from a segment on this machine (larger ones: shared memory).
-  static constexpr uint64_t kKeyReadLocalMax = 64 << 10;
 
   // Copies objects as the master planned them (a drain, a replica copy): reads each from its
   // source into `buffer`, checks its checksum, writes it to its destination. Whether each
@@ -455,8 +453,10 @@ std::vector<size_t> Client::Impl::ReadByKey(absl::Span<const GetItem> items,
     if (options.read_by_key && !kept) home = directory.HomeOf(items[i].key);
     uint64_t capacity = 0;
     for (const MutableBuffer& part : items[i].parts) capacity += part.size;
+    // Only where the bytes would go over TCP anyway: a read from a kept location over shared
+    // memory or RDMA costs no TCP round trip, and reads by key keep no location.
     if (!home.has_value() || capacity == 0 || items[i].key.size() > wire::kMaxKeyReadKey ||
-        (home->local && capacity > kKeyReadLocalMax)) {
+        routing->BypassesTcp(home->local)) {
       rest.push_back(i);
       continue;
     }

@@ -57,6 +57,13 @@ class RoutingTransport final : public Transport {
       absl::Span<const wire::ShmIntent> intents);
   void EndLocalWrites(const std::string& endpoint, absl::Span<const uint64_t> ids);
 
+  // Whether a read from the segment at `endpoint` would go over shared memory (`local`: the
+  // segment is on this machine and offers it) or RDMA, not TCP.
+  bool BypassesTcp(bool local) {
+    return local ? kind_ == TransportKind::kAuto || kind_ == TransportKind::kSharedMemory
+                 : UsesRdma();
+  }
+
   struct Stats {
     uint64_t shm_ops = 0;
     uint64_t rdma_ops = 0;

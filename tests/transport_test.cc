@@ -48,12 +48,6 @@ double SegmentTcpRequests(const SegmentProcess& segment) {
          Metric(text, "kvpool_data_requests_total{op=\"read\",transport=\"tcp\"}");
 }
 
-// Reads by key (READ_KEY frames): always TCP, one round trip and no master.
-double SegmentKeyReads(const SegmentProcess& segment) {
-  std::string text = testing::HttpGet(segment.http, "/metrics").value_or("");
-  return Metric(text, "kvpool_data_requests_total{op=\"read_key\",transport=\"tcp\"}");
-}
-
 // Round trips of many sizes, gathered from and scattered into several buffers.
 void RoundTrips(Client& client, const std::string& prefix) {
   for (size_t size : {size_t{1}, size_t{4096}, size_t{65537}, size_t{1} << 20, size_t{16} << 20}) {
@@ -80,12 +74,9 @@ TEST(SharedMemoryTest, SameMachineClientsCopyThroughSharedMemory) {
   std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kAuto);
   RoundTrips(*client, "shm-");
   EXPECT_EQ(SegmentTcpRequests(*segment), 0) << "bytes went over TCP";
-  // Gets of up to 64 KiB (1 and 4096 bytes here) are read by key: one TCP round trip beats a
-  // master round trip and a shared-memory copy. Every put and larger get copies through shm.
-  EXPECT_EQ(SegmentKeyReads(*segment), 2);
   std::string metrics = client->MetricsText();
-  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"shm\"}"), 8);
-  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"tcp\"}"), 2);
+  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"shm\"}"), 10);
+  EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"tcp\"}"), 0);
   // A TCP-only client reads what the shared-memory one wrote, and the other way round.
   std::unique_ptr<Client> tcp = Connect(master->grpc, TransportKind::kTcp);
   EXPECT_TRUE(*tcp->Get("shm-65537") == testing::RandomValue(65537, 65537));
@@ -140,7 +131,7 @@ TEST(SharedMemoryTest, RefusedClientFallsBackToTcp) {
   ASSERT_TRUE(segment.ok()) << segment.status();
   std::unique_ptr<Client> client = Connect(master->grpc, TransportKind::kSharedMemory);
   RoundTrips(*client, "refused-");
-  EXPECT_EQ(SegmentTcpRequests(*segment) + SegmentKeyReads(*segment), 10);
+  EXPECT_EQ(SegmentTcpRequests(*segment), 10);
   std::string metrics = client->MetricsText();
   EXPECT_EQ(Metric(metrics, "kvpool_client_transfers_total{transport=\"shm\"}"), 0);
 }

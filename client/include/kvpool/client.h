@@ -114,8 +114,9 @@ struct ClientOptions {
   // Read a key with no kept location straight from its home segment (READ_KEY,
   // docs/protocol.md), without asking the master: one data-plane round trip for a key's first
   // get. The value is always checked against the checksum the segment holds for it; a key
-  // not there (placed elsewhere, removed) is then asked of the master as before. Values of
-  // more than 64 KiB on this machine's segments go through shared memory instead.
+  // not there (placed elsewhere, removed) is then asked of the master as before. Only where
+  // the value would come over TCP: a home that shared memory (on this machine) or RDMA
+  // reaches is read through the master and a kept location, which costs no TCP round trip.
   bool read_by_key = true;
   // This machine's host name as segments advertise it: replicas on this host are read
   // first, and PutOptions::prefer_local_segment puts new objects here. Default: hostname.
