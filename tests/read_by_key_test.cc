@@ -169,5 +169,51 @@ TEST_F(KeyReadTest, ReadByKeyOffStillReadsThroughTheMaster) {
   EXPECT_EQ(Counter(*reader, "kvpool_client_master_lookups_total"), 1u);
 }
 
+// The master's LRU does not see reads by key; the segments report them with their heartbeats
+// (keys_read), so a key read only that way stays hot: a full pool evicts the others first.
+TEST(KeyReadLruTest, KeysReadByKeyAreKeptOverOlderUnreadOnes) {
+  absl::StatusOr<MasterProcess> master =
+      testing::StartMaster({"--embedded-segment-size=0", "--heartbeat-interval=200ms"});
+  ASSERT_TRUE(master.ok()) << master.status();
+  std::vector<SegmentProcess> segments;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<SegmentProcess> segment = testing::StartSegment(master->grpc, "2MiB");
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    segments.push_back(std::move(*segment));
+  }
+  std::unique_ptr<Client> writer = Connect(master->grpc);
+  ASSERT_NE(writer, nullptr);
+  constexpr size_t kValue = 64 << 10;  // 64 fill both pools
+  auto key = [](int i) { return absl::StrCat("lru-", i); };
+  for (int i = 0; i < 56; ++i)
+    ASSERT_TRUE(writer->Put(key(i), testing::RandomValue(kValue, i)).ok());
+  // The oldest 16, read by key only (no master call, no lease).
+  std::unique_ptr<Client> reader = Connect(master->grpc);
+  std::vector<std::string> hot;
+  for (int i = 0; i < 16; ++i) hot.push_back(key(i));
+  std::vector<absl::StatusOr<std::string>> got = BatchGet(*reader, hot, kValue);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(*got[i], testing::RandomValue(kValue, i));
+  }
+  ASSERT_EQ(Counter(*reader, "kvpool_client_key_reads_total{result=\"hit\"}"), 16u);
+  ASSERT_EQ(Counter(*reader, "kvpool_client_master_lookups_total"), 0u);
+  absl::SleepFor(absl::Milliseconds(1500));  // a few heartbeats
+  // 24 more values than fit: the least recently used make room.
+  for (int i = 56; i < 80; ++i)
+    ASSERT_TRUE(writer->Put(key(i), testing::RandomValue(kValue, i)).ok());
+  std::vector<std::string> all;
+  for (int i = 0; i < 80; ++i) all.push_back(key(i));
+  std::vector<absl::StatusOr<bool>> exists = writer->BatchExist(all);
+  int unread_gone = 0;
+  for (int i = 0; i < 80; ++i) {
+    ASSERT_TRUE(exists[i].ok()) << exists[i].status();
+    if (i < 16) EXPECT_TRUE(*exists[i]) << key(i) << " was read, yet evicted";
+    if (i >= 16 && i < 56 && !*exists[i]) ++unread_gone;
+    if (i >= 56) EXPECT_TRUE(*exists[i]) << key(i);
+  }
+  EXPECT_GE(unread_gone, 16);
+}
+
 }  // namespace
 }  // namespace kvpool

@@ -16,6 +16,8 @@ namespace {
 
 // Manifest records sent per heartbeat; a segment with more to catch up polls again at once.
 constexpr size_t kMaxRecordsPerHeartbeat = 4096;
+// HeartbeatRequest.keys_read (segment::Manifest::kMaxReadsNoted).
+constexpr int kMaxKeysReadPerHeartbeat = 1024;
 // Longest a heartbeat is held when there is nothing to send.
 constexpr absl::Duration kMaxHeartbeatHold = absl::Seconds(5);
 
@@ -298,6 +300,13 @@ grpc::ServerUnaryReactor* MasterGrpcService::Heartbeat(grpc::CallbackServerConte
       !busy.ok() && !absl::IsNotFound(busy)) {
     return call.Finish(busy);
   }
+  if (request->keys_read_size() > kMaxKeysReadPerHeartbeat) {
+    return call.Finish(absl::InvalidArgumentError(
+        absl::StrCat("a heartbeat names ", request->keys_read_size(), " keys read (at most ",
+                     kMaxKeysReadPerHeartbeat, ")")));
+  }
+  master_.TouchKeys(
+      segment, std::vector<std::string>(request->keys_read().begin(), request->keys_read().end()));
   // What the segment applied is acknowledged now (its waiters released), and a poll that
   // finds nothing newer parks: were they acknowledged only in the answer, every
   // acknowledgement would cost another round trip, answered at once and empty.

@@ -209,6 +209,17 @@ absl::StatusOr<ObjectView> IndexShard::Lookup(absl::string_view key, absl::Time 
   return view;
 }
 
+void IndexShard::Touch(absl::string_view key, SegmentId segment) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindCommittedLocked(key);
+  if (it == objects_.end()) return;
+  const std::vector<Replica>& replicas = it->second.replicas;
+  if (std::any_of(replicas.begin(), replicas.end(),
+                  [&](const Replica& r) { return r.segment->id() == segment; })) {
+    TouchLocked(it->second);
+  }
+}
+
 bool IndexShard::Exists(absl::string_view key, absl::Time now, absl::Duration lease) {
   absl::MutexLock lock(&mu_);
   auto it = FindCommittedLocked(key);

@@ -210,6 +210,10 @@ class IndexShard {
   absl::StatusOr<ObjectView> Lookup(absl::string_view key, absl::Time now, absl::Duration lease)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Counts the committed object of `key`, if it has a replica on `segment`, as used now (LRU),
+  // without a lease.
+  void Touch(absl::string_view key, SegmentId segment) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Like Lookup, without copying anything out.
   bool Exists(absl::string_view key, absl::Time now, absl::Duration lease) ABSL_LOCKS_EXCLUDED(mu_);
 

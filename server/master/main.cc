@@ -168,6 +168,7 @@ absl::StatusOr<std::unique_ptr<kvpool::segment::Segment>> StartEmbeddedSegment(
                           record.offset, record.size, record.checksum, record.grant, record.until);
   };
   info.busy_ranges = [embedded] { return embedded->grants().BusyRanges(); };
+  info.keys_read = [embedded] { return embedded->TakeKeysRead(); };
   if (absl::Status mounted = master.MountSegment(std::move(info)); !mounted.ok()) return mounted;
   return segment;
 }

@@ -209,7 +209,14 @@ void Master::RefreshEmbeddedBusy() {
     if (segment->info().embedded && segment->info().busy_ranges) {
       segment->ReportBusy(segment->info().busy_ranges()).IgnoreError();
     }
+    if (segment->info().embedded && segment->info().keys_read) {
+      TouchKeys(segment->id(), segment->info().keys_read());
+    }
   }
+}
+
+void Master::TouchKeys(SegmentId segment, absl::Span<const std::string> stored_keys) {
+  for (const std::string& key : stored_keys) ShardFor(key).Touch(key, segment);
 }
 
 absl::Status Master::DrainSegment(const std::string& name, bool migrate) {

@@ -240,6 +240,10 @@ class Master {
   // Asks each embedded segment for its busy ranges (SegmentInfo::busy_ranges), as a
   // heartbeat would report them. Called every second.
   void RefreshEmbeddedBusy();
+  // Keys (as stored) a segment served by key (HeartbeatRequest.keys_read): each committed
+  // object among them with a replica there counts as used now for eviction, as a get would;
+  // no lease is taken.
+  void TouchKeys(SegmentId segment, absl::Span<const std::string> stored_keys);
   // Stops placing objects on a segment; once nothing on it is leased or being written, its
   // replicas are dropped and it is unmounted (FinishDrains). With `migrate`, that waits for a
   // mover to copy its objects elsewhere first (MigrateStart, MigrateEnd), as long as the mover

@@ -653,6 +653,27 @@ TEST_F(MasterTest, FullPoolEvictsTheLeastRecentlyUsedToMakeRoom) {
   EXPECT_EQ(master_.counters().evicted_bytes.load(), master_.counters().evicted_objects.load() * 1024);
 }
 
+// Reads by key pass the master by; the segments report the keys (HeartbeatRequest.keys_read).
+TEST_F(MasterTest, KeysReadByKeyCountAsUsedForEviction) {
+  ASSERT_TRUE(master_.MountSegment(Segment("a", 64 << 10)).ok());
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(Put("k" + std::to_string(i), 1024).ok()) << i;
+    now_ += absl::Seconds(1);
+  }
+  now_ += absl::Seconds(60);  // every lease has run out
+  SegmentId a = *master_.Heartbeat("a", 1).segment;
+  ASSERT_TRUE(master_.MountSegment(Segment("b", 64 << 10)).ok());
+  SegmentId b = *master_.Heartbeat("b", 1).segment;
+  // Only a segment that holds the key can report it read.
+  master_.TouchKeys(b, std::vector<std::string>{"k1", "k3"});
+  master_.TouchKeys(a, std::vector<std::string>{"k0", "k2", "never-stored"});
+  EXPECT_EQ(master_.CountLeased(), 0u);         // a use, not a lease
+  ASSERT_TRUE(master_.DrainSegment("b").ok());  // "new" must go to the full "a"
+  ASSERT_TRUE(Put("new", 1024).ok());           // pool is full: evicts the four least recently used
+  for (int i : {1, 3, 4, 5}) EXPECT_FALSE(Exists("k" + std::to_string(i))) << i;
+  for (int i : {0, 2, 6}) EXPECT_TRUE(Exists("k" + std::to_string(i))) << i;
+}
+
 TEST_F(MasterTest, EvictionNeverTouchesLeasedPinnedOrPendingObjects) {
   // 8 KiB pool: [hard][soft][plain][pending][leased][old][ free 2 KiB ]
   ASSERT_TRUE(master_.MountSegment(Segment("a", 8 << 10)).ok());

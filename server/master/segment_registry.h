@@ -53,7 +53,8 @@ struct SegmentInfo {
   uint64_t size = 0;
   uint64_t incarnation = 0;
   std::string token_secret;
-  // Runs inside the master process: never expires, keeps no manifest.
+  // Runs inside the master process: never expires, reports no manifest (it dies with the
+  // master).
   bool embedded = false;
   // For an embedded segment: applies a manifest record to it (ends the record's grant, all of
   // it or its writes only, and keeps its manifest for reads by key), as the master appends it.
@@ -62,6 +63,9 @@ struct SegmentInfo {
   // after each grant it is told to end and every second (Master::RefreshEmbeddedBusy), in
   // place of a heartbeat's report.
   std::function<std::vector<wire::ByteRange>()> busy_ranges;
+  // For an embedded segment: the keys it served by key since the last call
+  // (HeartbeatRequest.keys_read), taken every second by Master::RefreshEmbeddedBusy.
+  std::function<std::vector<std::string>()> keys_read;
   // It will report a manifest (RestoreManifest): take no new objects until it has.
   bool restoring = false;
   // Ranges it holds busy (late shared-memory writes): held out of its allocator from the

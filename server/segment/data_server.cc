@@ -471,7 +471,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
              credential.message(), expired ? server_.rejected_expired : server_.rejected_token);
       return 0;
     }
-    const Manifest* manifest = server_.options.manifest;
+    Manifest* manifest = server_.options.manifest;
     if (manifest == nullptr ||
         (server_.options.key_reads_allowed && !server_.options.key_reads_allowed(now))) {
       return KeyMissed("this segment serves no reads by key now; ask the master");
@@ -498,6 +498,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       return KeyMissed("no such object on this segment");
     }
     reads_.push_back(read);
+    manifest->NoteRead(stored);
     server_.key_reads.fetch_add(1, std::memory_order_relaxed);
     server_.bytes_read.fetch_add(found->size, std::memory_order_relaxed);
     Queue(0, server_.pool.data() + found->offset, found->size, &server_.read_latency,

@@ -64,7 +64,7 @@ struct DataServerOptions {
   std::function<absl::StatusOr<RdmaAccept>(const rdma::QueuePairInfo& client)> rdma_accept;
   // Reads by key (READ_KEY, proto/key_read.h) look keys up here; null: every READ_KEY is
   // answered OBJECT_NOT_FOUND. Must outlive the server.
-  const Manifest* manifest = nullptr;
+  Manifest* manifest = nullptr;
   // Whether reads by key may be served now (a segment out of touch with its master may have
   // missed removals: MasterLink::in_touch); unset: always.
   std::function<bool(absl::Time now)> key_reads_allowed;

@@ -64,6 +64,21 @@ bool Manifest::Holds(absl::string_view stored_key, const Found& found) const {
          entry.checksum() == found.checksum;
 }
 
+void Manifest::NoteRead(absl::string_view stored_key) {
+  absl::MutexLock lock(&reads_mu_);
+  if (reads_.size() < kMaxReadsNoted) reads_.emplace(stored_key);
+}
+
+std::vector<std::string> Manifest::TakeReads() {
+  absl::flat_hash_set<std::string> taken;
+  {
+    absl::MutexLock lock(&reads_mu_);
+    taken.swap(reads_);
+  }
+  return std::vector<std::string>(std::make_move_iterator(taken.begin()),
+                                  std::make_move_iterator(taken.end()));
+}
+
 void Manifest::Forget(absl::Span<const std::string> keys) {
   absl::flat_hash_set<std::string> refused(keys.begin(), keys.end());
   absl::MutexLock lock(&mu_);

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "kvpool/v1/master.pb.h"
@@ -49,6 +50,14 @@ class Manifest {
   std::optional<Found> Find(absl::string_view stored_key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `found` (from Find) is still the entry of `stored_key`.
   bool Holds(absl::string_view stored_key, const Found& found) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads by key are invisible to the master, whose LRU decides what to evict: the data server
+  // notes the keys it served (NoteRead), and each heartbeat takes them to the master
+  // (TakeReads, HeartbeatRequest.keys_read), which counts each as a use of the object. At most
+  // kMaxReadsNoted distinct keys wait; more are not noted until the next take (a key read often
+  // is noted again).
+  static constexpr size_t kMaxReadsNoted = 1024;
+  void NoteRead(absl::string_view stored_key) ABSL_LOCKS_EXCLUDED(reads_mu_);
+  std::vector<std::string> TakeReads() ABSL_LOCKS_EXCLUDED(reads_mu_);
   // Every entry, as ADD records, by offset.
   std::vector<v1::ManifestRecord> Entries() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -63,6 +72,8 @@ class Manifest {
   Entries_ by_offset_ ABSL_GUARDED_BY(mu_);
   // Offset of each key's entry.
   absl::flat_hash_map<std::string, uint64_t> by_key_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex reads_mu_;
+  absl::flat_hash_set<std::string> reads_ ABSL_GUARDED_BY(reads_mu_);
 };
 
 }  // namespace kvpool::segment

@@ -1,5 +1,9 @@
 #include "server/segment/manifest.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace kvpool::segment {
@@ -48,6 +52,19 @@ TEST(ManifestTest, AcceptedWritesDropWhatTheyOverlap) {
   EXPECT_EQ(Keys(manifest), (std::vector<std::string>{"c"}));
   manifest.Forget({"c"});
   EXPECT_EQ(manifest.size(), 0u);
+}
+
+TEST(ManifestTest, ReadsNotedAreTakenOnceAndCapped) {
+  Manifest manifest;
+  manifest.NoteRead("a");
+  manifest.NoteRead("b");
+  manifest.NoteRead("a");
+  std::vector<std::string> taken = manifest.TakeReads();
+  std::sort(taken.begin(), taken.end());
+  EXPECT_EQ(taken, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(manifest.TakeReads().empty());
+  for (size_t i = 0; i < Manifest::kMaxReadsNoted + 10; ++i) manifest.NoteRead(std::to_string(i));
+  EXPECT_EQ(manifest.TakeReads().size(), Manifest::kMaxReadsNoted);
 }
 
 TEST(ManifestTest, FindsEntriesByKeyUntilTheyGo) {

@@ -216,6 +216,7 @@ absl::Status MasterLink::Heartbeat() {
   // With the acknowledgement of the FORGET that left a range busy, so the master holds the
   // range before it would free it.
   AddBusyRanges(grants_.BusyRanges(), request.mutable_busy_ranges());
+  for (std::string& key : manifest_.TakeReads()) request.add_keys_read(std::move(key));
   // After a failed heartbeat the next ones are probes: answered at once (no long poll) within
   // a short deadline, so a healed control path is found within about a second, not after a
   // held poll into a dead connection runs out its whole deadline. (Among several masters a

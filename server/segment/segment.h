@@ -87,6 +87,9 @@ class Segment {
   const GrantTable& grants() const { return server_->grants(); }
   MemoryPool& pool() { return *pool_; }
   const Manifest& manifest() const { return *manifest_; }
+  // For a segment embedded in the master: the keys it served by key since the last call
+  // (Manifest::TakeReads), which the master counts as uses, in place of a heartbeat's report.
+  std::vector<std::string> TakeKeysRead() { return manifest_->TakeReads(); }
   // Always true for an embedded segment.
   bool mounted() const { return link_ == nullptr || link_->mounted(); }
   // Null for a segment embedded in the master.
