@@ -58,6 +58,18 @@ std::map<std::string, PhaseTotals> PutPhases(const std::string& metrics) {
   return phases;
 }
 
+// The value of the sample `series` (a name with its labels, as exposition text writes it).
+double Sample(const std::string& metrics, absl::string_view series) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    double value = 0;
+    if (absl::StartsWith(line, series) && line.size() > series.size() &&
+        line[series.size()] == ' ' && absl::SimpleAtod(line.substr(series.size() + 1), &value)) {
+      return value;
+    }
+  }
+  return 0;
+}
+
 // Counts a call's per-value results into `result`.
 void Tally(const absl::Status& status, uint64_t bytes, OpResult& result) {
   if (status.ok()) {
@@ -236,6 +248,7 @@ ClientOptions MakeClientOptions(const KvpoolTargetOptions& options) {
   client.connections_per_segment = options.connections_per_segment;
   client.verify_checksums = options.verify_checksums;
   client.cache_locations = options.cache_locations;
+  client.read_by_key = options.read_by_key;
   return client;
 }
 
@@ -377,6 +390,21 @@ absl::StatusOr<std::vector<std::unique_ptr<Worker>>> KvpoolTarget::MakeWorkers(
 }
 
 void KvpoolTarget::Finish(const Workload& workload) {
+  if (workload.kind == WorkloadKind::kGet || workload.kind == WorkloadKind::kMixed) {
+    // How the gets found their keys, warm-up included (the shared client's, or the first's).
+    std::string after = client_->MetricsText();
+    auto delta = [&](absl::string_view series) {
+      return static_cast<uint64_t>(Sample(after, series) - Sample(metrics_before_, series));
+    };
+    std::fprintf(stderr,
+                 "kvpool gets: %lu keys read by key (%lu of them not there), %lu kept locations "
+                 "used, %lu master lookups\n",
+                 delta("kvpool_client_key_reads_total{result=\"hit\"}") +
+                     delta("kvpool_client_key_reads_total{result=\"miss\"}"),
+                 delta("kvpool_client_key_reads_total{result=\"miss\"}"),
+                 delta("kvpool_client_location_cache_hits_total"),
+                 delta("kvpool_client_master_lookups_total"));
+  }
   if (workload.kind != WorkloadKind::kPut && workload.kind != WorkloadKind::kMixed) return;
   std::map<std::string, PhaseTotals> before = PutPhases(metrics_before_);
   std::string line;

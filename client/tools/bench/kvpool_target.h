@@ -37,6 +37,7 @@ struct KvpoolTargetOptions {
   bool shared_client = true;
   bool verify_checksums = true;
   bool cache_locations = true;
+  bool read_by_key = true;
   // Only the TLS and token fields are used (ClientOptions::tls_*, auth_token).
   ClientOptions credentials;
 };

@@ -68,6 +68,9 @@ ABSL_FLAG(bool, verify_checksums, true,
 ABSL_FLAG(bool, cache_locations, true,
           "kvpool clients reuse the master's answers under their lease "
           "(ClientOptions::cache_locations)");
+ABSL_FLAG(bool, read_by_key, true,
+          "kvpool gets read a key from its home segment before asking the master "
+          "(ClientOptions::read_by_key; false to measure the master's path)");
 ABSL_FLAG(kvpool::ByteSize, client_buffer, kvpool::ByteSize{64 << 20},
           "Client memory per thread that values come from and go to (rotated; at least a batch)");
 
@@ -336,7 +339,8 @@ int Main(int argc, char** argv) {
                                      .connections_per_segment = connections,
                                      .shared_client = absl::GetFlag(FLAGS_shared_client),
                                      .verify_checksums = absl::GetFlag(FLAGS_verify_checksums),
-                                     .cache_locations = absl::GetFlag(FLAGS_cache_locations)};
+                                     .cache_locations = absl::GetFlag(FLAGS_cache_locations),
+                                     .read_by_key = absl::GetFlag(FLAGS_read_by_key)};
   if (absl::Status credentials = ApplyCredentialFlags(kvpool_options.credentials);
       !credentials.ok()) {
     return SetupError(credentials);
