@@ -152,8 +152,9 @@ absl::Status MasterLink::Mount() {
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
   }
-  if (response.heartbeat_ttl_ms() > 0)
+  if (response.heartbeat_ttl_ms() > 0) {
     segment_ttl_ = absl::Milliseconds(response.heartbeat_ttl_ms());
+  }
   // Report what this segment holds, so a restarted master serves it again.
   for (size_t first = 0; first < entries.size(); first += kRestoreChunk) {
     v1::RestoreManifestRequest restore;
