@@ -35,14 +35,21 @@ class Process:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, bufsize=0)
         self._fd = self.proc.stdout.fileno()
         self._buffer = b""
+        # Lines read while waiting for another: a segment's "mounted" line (printed by its
+        # master link's thread) may come before its "listening" line.
+        self._passed = []
 
     def wait_for_line(self, prefix, timeout=30.0):
+        for i, line in enumerate(self._passed):
+            if line.startswith(prefix):
+                return self._passed.pop(i).strip()
         deadline = time.monotonic() + timeout
         while True:
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 if line.decode().startswith(prefix):
                     return line.decode().strip()
+                self._passed.append(line.decode())
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{self.argv[0]} did not print {prefix!r} within {timeout}s")
