@@ -474,12 +474,10 @@ std::vector<size_t> Client::Impl::ReadByKey(absl::Span<const GetItem> items,
   transport->Execute(absl::MakeSpan(ops), TransferDeadline());
   for (size_t k = 0; k < ops.size(); ++k) {
     TransferOp& op = ops[k];
-    if (op.status.ok() && !op.checksum.has_value()) {
-      op.checksum = wire::Checksum(Truncated(items[owners[k]].parts, op.length));
-    }
     // A value cut by a removal, a range reused: the segment's checksum tells it; the master
     // is asked then, as for a key not there.
-    if (op.status.ok() && *op.checksum == op.key_checksum) {
+    if (op.status.ok() &&
+        (op.checksum.has_value() ? *op.checksum : wire::Checksum(op.iov)) == op.key_checksum) {
       results[owners[k]] = op.length;
       key_reads.fetch_add(1, std::memory_order_relaxed);
     } else {

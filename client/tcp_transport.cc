@@ -134,27 +134,19 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
       size_t parts = 1 + (write ? op.iov.size() : 0) + (by_key ? 2 : 0);
       if (!iov.empty() && iov.size() + parts > kMaxSendParts) break;
       uint8_t* header = &headers[(sent % window) * wire::kRequestHeaderSize];
-      if (by_key) {  // the tenant and the key follow; offset caps the answer
-        wire::EncodeRequest({.opcode = op.opcode,
-                             .flags = static_cast<uint16_t>(op.tenant.size()),
-                             .request_id = sent,
-                             .offset = op.length,
-                             .length = op.tenant.size() + op.key.size(),
-                             .token = op.token},
-                            header);
-        iov.push_back(iovec{header, wire::kRequestHeaderSize});
-        iov.push_back(iovec{op.tenant.data(), op.tenant.size()});
-        iov.push_back(iovec{op.key.data(), op.key.size()});
-        ++sent;
-        continue;
-      }
+      // A READ_KEY's tenant and key follow its header; its offset caps the answer.
       wire::EncodeRequest({.opcode = op.opcode,
+                           .flags = static_cast<uint16_t>(by_key ? op.tenant.size() : 0),
                            .request_id = sent,
-                           .offset = op.offset,
-                           .length = op.length,
+                           .offset = by_key ? op.length : op.offset,
+                           .length = by_key ? op.tenant.size() + op.key.size() : op.length,
                            .token = op.token},
                           header);
       iov.push_back(iovec{header, wire::kRequestHeaderSize});
+      if (by_key) {
+        iov.push_back(iovec{op.tenant.data(), op.tenant.size()});
+        iov.push_back(iovec{op.key.data(), op.key.size()});
+      }
       if (write) {  // Step P2 over TCP: the header, then the payload from the caller's buffers
         iov.insert(iov.end(), op.iov.begin(), op.iov.end());
         if (op.hash) {
@@ -213,16 +205,16 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
     }
     if (by_key) {
       op.length = expected = header->length;
+      op.iov = Truncated(op.iov, expected);
       op.key_checksum = header->checksum;
     }
     if (expected > 0) {
-      std::vector<iovec> landed = by_key ? Truncated(op.iov, expected) : op.iov;
-      std::vector<iovec> target = landed;  // Recv moves through it
+      std::vector<iovec> target = op.iov;
       result.io_error = stream.Recv(absl::MakeSpan(target), deadline);
       if (!result.io_error.ok()) return result;
       // Step G2's check, hashed in this lane while the bytes are in its cache (the next
       // answer meanwhile fills the socket's buffer); the caller compares.
-      if (op.hash) op.checksum = wire::Checksum(landed);
+      if (op.hash) op.checksum = wire::Checksum(op.iov);
     }
     op.status = absl::OkStatus();
     ++result.answered;

@@ -30,7 +30,8 @@ struct TransferOp {
   std::vector<iovec> iov;
   // READ_KEY (proto/key_read.h; TCP only): the tenant and key to read, `token` a key-read
   // credential, `length` the most bytes the buffers take. Once answered, `length` is the
-  // value's size and `key_checksum` its writer's checksum, which the caller must compare.
+  // value's size, `iov` the buffers it filled, and `key_checksum` its writer's checksum,
+  // which the caller must compare.
   std::string tenant;
   std::string key;
   uint64_t key_checksum = 0;
