@@ -2,9 +2,10 @@
 
 #include <sys/socket.h>
 
-#include <array>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
+
+#include <array>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -483,11 +484,9 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       return KeyMissed("no such object on this segment");
     }
     if (found->size > request_.offset) {
-      server_.key_reads_missed.fetch_add(1, std::memory_order_relaxed);
-      QueueExtra(v1::BUFFER_OVERFLOW,
-                 absl::StrCat("the value has ", found->size, " bytes, more than the ",
-                              request_.offset, " asked for"));
-      return 0;
+      return KeyMissed(absl::StrCat("the value has ", found->size, " bytes, more than the ",
+                                    request_.offset, " asked for"),
+                       v1::BUFFER_OVERFLOW);
     }
     // In flight before the entry is checked again: should it leave the manifest after this
     // check, the send is cut (GrantTable::CutKeyReads); if it left before, nothing is sent.
@@ -506,9 +505,10 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     return found->size;
   }
 
-  uint64_t KeyMissed(absl::string_view reason) {
+  // A READ_KEY answered without the value, on a kept connection.
+  uint64_t KeyMissed(std::string reason, int32_t status = v1::OBJECT_NOT_FOUND) {
     server_.key_reads_missed.fetch_add(1, std::memory_order_relaxed);
-    QueueExtra(v1::OBJECT_NOT_FOUND, std::string(reason));
+    QueueExtra(status, std::move(reason));
     return 0;
   }
 
