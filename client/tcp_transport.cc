@@ -87,7 +87,6 @@ void TcpTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
 void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops,
                            absl::Time deadline) {
   size_t done = 0;
-  bool retried = false;
   while (done < ops.size()) {
     absl::StatusOr<Lease> lease = Acquire(endpoint, deadline);
     if (!lease.ok()) {
@@ -102,10 +101,10 @@ void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* c
     }
     lease->stream.reset();
     if (result.io_error.ok()) continue;  // a rejection: go on with a fresh connection
-    // A pooled connection may have died while idle (the segment restarted): retry once.
-    if (lease->reused && result.answered == 0 && !retried &&
+    // A pooled connection may have died while idle (the segment restarted, or cut it after
+    // a read it had served when the object went): retry on the next, until a fresh one.
+    if (lease->reused && result.answered == 0 &&
         result.io_error.code() != absl::StatusCode::kDeadlineExceeded) {
-      retried = true;
       continue;
     }
     FailAll(ops.subspan(done), TransferError(endpoint, result.io_error));
