@@ -1,13 +1,18 @@
 #include "server/segment/data_server.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <thread>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +34,33 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-// How much of a gathered answer each send may take: as much as the socket's buffer does.
+// A plain TCP connection's sends as its reads' cuts see them (GrantTable::BeginRead), from
+// any thread. Answers go out in rounds (one gathered send each, numbered from 1); a cut of a
+// read sent in round r stops what of r is not yet handed to the kernel: a sendmsg under way
+// ends first (the cut waits for it: a non-blocking send copies at most the socket's free
+// buffer), none begins after it (Send checks `cut_round` once `in_send` is set: of the two
+// flags set one after the other, each side sees the other's), and the socket is shut down.
+// A round handed to the kernel whole (`round_sent`) is not cut: its bytes have left the pool,
+// and the client, which may hold the answer already, keeps its connection.
+struct SendState {
+  explicit SendState(int fd) : fd(fd) {}
+  const int fd;
+  std::atomic<uint64_t> round_sent{0};
+  std::atomic<uint64_t> cut_round{0};
+  std::atomic<bool> in_send{false};
+
+  bool Cut(uint64_t round) {
+    uint64_t seen = cut_round.load();
+    while (seen < round && !cut_round.compare_exchange_weak(seen, round)) {
+    }
+    while (in_send.load()) std::this_thread::yield();
+    if (round_sent.load() >= round) return false;
+    ::shutdown(fd, SHUT_RDWR);  // also wakes a send waiting for room
+    return true;
+  }
+};
+
+// How much of a gathered TLS answer each send may take: as much as the socket's buffer does.
 // asio's default (transfer_all) stops every send at 64 KiB, so an answer of 1 MiB of READs
 // cost 16 sendmsg calls, each followed by a pass through the event loop.
 struct AsMuchAsTheSocketTakes {
@@ -84,8 +115,12 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     peer_ = absl::StrCat(Socket().remote_endpoint(ignored).address().to_string(ignored), ":",
                          Socket().remote_endpoint(ignored).port());
     answers_.reserve(kMaxAnswers);
-    // The payload of a WRITE is read with non-blocking reads under its grant's lock.
-    if constexpr (!kTls) Socket().non_blocking(true, ignored);
+    // The payload of a WRITE is read with non-blocking reads under its grant's lock, answers
+    // are sent with non-blocking sends (Send).
+    if constexpr (!kTls) {
+      Socket().non_blocking(true, ignored);
+      send_state_ = std::make_shared<SendState>(Socket().native_handle());
+    }
   }
   ~Connection() {
     EndReads();
@@ -112,6 +147,9 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   static constexpr size_t kInputBytes = 16 << 10;
   static constexpr size_t kMaxAnswers = 256;
   static constexpr uint64_t kMaxRoundBytes = 64 << 20;
+  // Buffers per sendmsg (as many as Asio's writes took, whose speed this keeps): the client
+  // starts on the first answers of a round while the rest is sent.
+  static constexpr size_t kSendBuffers = 16;
 
   struct Answer {
     std::array<uint8_t, wire::kResponseHeaderSize> header;
@@ -428,12 +466,9 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       granted = begun.status();
       if (begun.ok()) write_ = *std::move(begun);
     } else {
-      // Should the grant end while the answer is sent straight from the pool, the socket is
-      // shut down at once: no byte leaves the range after the segment applied the end.
-      absl::StatusOr<uint64_t> read =
-          server_.grants.BeginRead(request_, absl::Now(), [fd = Socket().native_handle()] {
-            ::shutdown(fd, SHUT_RDWR);
-          });
+      // Should the grant end while the answer is sent straight from the pool, the send is cut
+      // (CutOfRound): no byte leaves the range after the segment applied the end.
+      absl::StatusOr<uint64_t> read = server_.grants.BeginRead(request_, absl::Now(), CutOfRound());
       granted = read.status();
       if (read.ok()) reads_.push_back(*read);
     }
@@ -490,8 +525,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     }
     // In flight before the entry is checked again: should it leave the manifest after this
     // check, the send is cut (GrantTable::CutKeyReads); if it left before, nothing is sent.
-    uint64_t read = server_.grants.BeginKeyRead(
-        found->offset, found->size, [fd = Socket().native_handle()] { ::shutdown(fd, SHUT_RDWR); });
+    uint64_t read = server_.grants.BeginKeyRead(found->offset, found->size, CutOfRound());
     if (!manifest->Holds(stored, *found)) {
       server_.grants.EndRead(read);
       return KeyMissed("no such object on this segment");
@@ -580,13 +614,29 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     closing_ = true;
   }
 
-  // One gathered write of every queued answer.
+  // How GrantTable stops the send of a read queued in this round.
+  GrantTable::Cut CutOfRound() {
+    if constexpr (kTls) {
+      return [fd = Socket().native_handle()] {
+        ::shutdown(fd, SHUT_RDWR);
+        return true;
+      };
+    } else {
+      return [state = send_state_, round = round_] { return state->Cut(round); };
+    }
+  }
+
+  // One gathered write of every queued answer (a round).
   void Flush() {
     Arm(server_.options.request_timeout);  // a peer that does not read its answers is cut off
     request_armed_ = false;
     gather_.clear();
     if constexpr (kTls) {
       GatherRecords();
+      asio::async_write(socket_, gather_, AsMuchAsTheSocketTakes{},
+                        [self = this->shared_from_this()](boost::system::error_code ec, size_t) {
+                          self->OnFlushed(ec);
+                        });
     } else {
       for (const Answer& answer : answers_) {
         gather_.push_back(asio::buffer(answer.header));
@@ -594,11 +644,71 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         gather_.push_back(answer.extra.empty() ? asio::buffer(answer.data, answer.length)
                                                : asio::buffer(answer.extra));
       }
+      unsent_ = 0;
+      Send();
     }
-    asio::async_write(socket_, gather_, AsMuchAsTheSocketTakes{},
-                      [self = this->shared_from_this()](boost::system::error_code ec, size_t) {
-                        self->OnFlushed(ec);
-                      });
+  }
+
+  // Plain TCP: sends what is left of the round as far as the socket takes it, then waits for
+  // room. The round's reads may be cut meanwhile, from another thread (SendState).
+  void Send() {
+    SendState& state = *send_state_;
+    for (;;) {
+      iov_.clear();
+      for (size_t i = unsent_; i < gather_.size() && iov_.size() < kSendBuffers; ++i) {
+        iov_.push_back(iovec{const_cast<void*>(gather_[i].data()), gather_[i].size()});
+      }
+      msghdr message{};
+      message.msg_iov = iov_.data();
+      message.msg_iovlen = iov_.size();
+      state.in_send.store(true);
+      if (state.cut_round.load() >= round_) {
+        state.in_send.store(false);
+        OnFlushed(asio::error::connection_aborted);
+        return;
+      }
+      ssize_t sent = ::sendmsg(state.fd, &message, MSG_NOSIGNAL);
+      int error = errno;
+      bool done = sent > 0 && Consume(static_cast<size_t>(sent));
+      if (done) state.round_sent.store(round_);
+      state.in_send.store(false);
+      if (done) {
+        // Not OnFlushed here: it goes on with the next round, which may end here again. A
+        // continuation (defer) takes the loop's own queue, no lock and no wake-up.
+        asio::defer(socket_.get_executor(),
+                    [self = this->shared_from_this()] { self->OnFlushed({}); });
+        return;
+      }
+      if (sent > 0 || (sent < 0 && error == EINTR)) continue;
+      if (sent < 0 && (error == EAGAIN || error == EWOULDBLOCK)) {
+        Socket().async_wait(tcp::socket::wait_write,
+                            [self = this->shared_from_this()](boost::system::error_code ec) {
+                              if (ec) {
+                                self->OnFlushed(ec);
+                              } else {
+                                self->Send();
+                              }
+                            });
+        return;
+      }
+      OnFlushed(
+          boost::system::error_code(sent < 0 ? error : EIO, boost::system::system_category()));
+      return;
+    }
+  }
+
+  // Drops `n` sent bytes from the front of the round; whether none is left.
+  bool Consume(size_t n) {
+    while (n > 0) {
+      asio::const_buffer& front = gather_[unsent_];
+      if (n < front.size()) {
+        front += n;
+        return false;
+      }
+      n -= front.size();
+      ++unsent_;
+    }
+    return unsent_ == gather_.size();
   }
 
   // TLS writes one record per buffer: headers and small answers are copied together into
@@ -645,6 +755,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
 
   void OnFlushed(boost::system::error_code ec) {
     EndReads();
+    ++round_;
     absl::Time now = absl::Now();
     for (const Answer& answer : answers_) {
       if (answer.latency != nullptr) answer.latency->Observe(now - answer.started);
@@ -686,6 +797,12 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   // Reads whose answers are queued or being sent (GrantTable::BeginRead).
   std::vector<uint64_t> reads_;
   std::vector<asio::const_buffer> gather_;
+  // Plain TCP: the first buffer of gather_ not wholly sent, the buffers of a sendmsg, the
+  // round being queued or sent (from 1), and what cuts of its reads see (SendState).
+  size_t unsent_ = 0;
+  std::vector<iovec> iov_;
+  uint64_t round_ = 1;
+  std::shared_ptr<SendState> send_state_;
   std::shared_ptr<void> queue_pair_;
   bool closing_ = false;
   asio::steady_timer timer_;

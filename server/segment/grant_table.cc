@@ -82,8 +82,8 @@ absl::Status GrantTable::CheckRead(const wire::RequestHeader& request, absl::Tim
   return CheckLocked(request, now);
 }
 
-absl::StatusOr<uint64_t> GrantTable::BeginRead(const wire::RequestHeader& request,
-                                                absl::Time now, std::function<void()> cut) {
+absl::StatusOr<uint64_t> GrantTable::BeginRead(const wire::RequestHeader& request, absl::Time now,
+                                               Cut cut) {
   absl::MutexLock lock(&mu_);
   bool next_term = false;
   if (absl::Status checked = CheckLocked(request, now, &next_term); !checked.ok()) {
@@ -107,7 +107,7 @@ absl::Status GrantTable::CheckKeyReadCredential(const wire::Token& credential,
   return verified;
 }
 
-uint64_t GrantTable::BeginKeyRead(uint64_t offset, uint64_t length, std::function<void()> cut) {
+uint64_t GrantTable::BeginKeyRead(uint64_t offset, uint64_t length, Cut cut) {
   absl::MutexLock lock(&mu_);
   uint64_t read = ++next_read_;
   reads_.emplace(
@@ -124,8 +124,7 @@ void GrantTable::CutKeyReads(uint64_t offset, uint64_t length) {
     if (read.key_offset >= offset + length || offset >= read.key_offset + read.key_length) {
       return false;
     }
-    read.cut();
-    ++reads_cut_;
+    if (read.cut()) ++reads_cut_;
     return true;
   });
 }
@@ -139,8 +138,7 @@ void GrantTable::CutReadsLocked(bool all, uint64_t grant) {
   absl::erase_if(reads_, [&](auto& entry) {
     if (entry.second.next_term) return false;  // not a grant of this term
     if (!all && entry.second.grant != grant) return false;
-    entry.second.cut();
-    ++reads_cut_;
+    if (entry.second.cut()) ++reads_cut_;
     return true;
   });
 }
@@ -320,8 +318,7 @@ void GrantTable::NewTerm(std::string secret) {
       entry.second.next_term = false;
       return false;
     }
-    entry.second.cut();
-    ++reads_cut_;
+    if (entry.second.cut()) ++reads_cut_;
     return true;
   });
 }

@@ -116,12 +116,15 @@ class GrantTable {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same check for a READ whose answer is then sent straight from the pool: the read is
   // in flight until EndRead(the id returned). Ending its grant for reads (End, !writes_only)
-  // or a new term runs `cut`, which must stop the send for good before it returns (it shuts
-  // the connection's socket down); End returns only after that, so no byte leaves the range
-  // once the segment has applied the end and the master may reuse the range. `cut` runs
-  // under the table's lock: it must be quick and not call back into the table.
-  absl::StatusOr<uint64_t> BeginRead(const wire::RequestHeader& request, absl::Time now,
-                                     std::function<void()> cut) ABSL_LOCKS_EXCLUDED(mu_);
+  // or a new term runs `cut`, which must stop the send for good before it returns (a send
+  // under way may finish handing bytes to the kernel first; else the connection's socket is
+  // shut down) and says whether it stopped one (false: every byte of the answer had left the
+  // pool already, and the connection is kept). End returns only after that, so no byte leaves
+  // the range once the segment has applied the end and the master may reuse the range. `cut`
+  // runs under the table's lock: it must be quick and not call back into the table.
+  using Cut = std::function<bool()>;
+  absl::StatusOr<uint64_t> BeginRead(const wire::RequestHeader& request, absl::Time now, Cut cut)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void EndRead(uint64_t read) ABSL_LOCKS_EXCLUDED(mu_);
   // Reads by key (READ_KEY, proto/key_read.h). The credential verifies under the current
   // term's secret (or the next term's, see PrepareTerm) for `tenant` and has not expired:
@@ -133,8 +136,7 @@ class GrantTable {
   // entries carry an earlier term's grant ids) but by the manifest: CutKeyReads of an
   // overlapping range, which the segment calls once an entry has left its manifest, runs
   // `cut` as End does for a grant's reads; so does a new term.
-  uint64_t BeginKeyRead(uint64_t offset, uint64_t length, std::function<void()> cut)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t BeginKeyRead(uint64_t offset, uint64_t length, Cut cut) ABSL_LOCKS_EXCLUDED(mu_);
   void CutKeyReads(uint64_t offset, uint64_t length) ABSL_LOCKS_EXCLUDED(mu_);
   // The same checks for a write; the write stays in flight until EndWrite. Also Unavailable
   // if its range overlaps a shared-memory write in flight of another grant or term (the
@@ -177,7 +179,8 @@ class GrantTable {
   size_t ended_count() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t writes_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t reads_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Reads cut because their grant ended (or a new term began) while they were being sent.
+  // Reads cut because their grant ended, their entry left the manifest or a new term began
+  // while they were being sent (not those whose bytes had all left the pool by then).
   uint64_t reads_cut() const ABSL_LOCKS_EXCLUDED(mu_);
   // Grants with a write begun and not yet ended by End.
   size_t grants_written() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -245,7 +248,7 @@ class GrantTable {
   // Reads in flight, by id: their grant and how to cut them.
   struct InFlightRead {
     uint64_t grant = 0;  // 0 for a read by key
-    std::function<void()> cut;
+    Cut cut;
     bool next_term = false;  // verified under next_secret_: a grant of the next term
     // A read by key: the manifest entry's range.
     uint64_t key_offset = 0;

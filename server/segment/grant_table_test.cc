@@ -93,16 +93,25 @@ TEST(GrantTableTest, APreparedTermVerifiesReadsOnlyUntilItBegins) {
   // An old grant's end does not touch a new read with the same grant id.
   int old_cut = 0, new_cut = 0;
   absl::StatusOr<uint64_t> old_read =
-      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 5), now, [&] { ++old_cut; });
+      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 5), now, [&] {
+        ++old_cut;
+        return true;
+      });
   absl::StatusOr<uint64_t> new_read =
-      grants.BeginRead(Request(new_secret, wire::Opcode::kRead, 5), now, [&] { ++new_cut; });
+      grants.BeginRead(Request(new_secret, wire::Opcode::kRead, 5), now, [&] {
+        ++new_cut;
+        return true;
+      });
   ASSERT_TRUE(old_read.ok());
   ASSERT_TRUE(new_read.ok());
   grants.End(5, /*writes_only=*/false, now + absl::Minutes(1));
   EXPECT_EQ(old_cut, 1);
   EXPECT_EQ(new_cut, 0);
   absl::StatusOr<uint64_t> old_read_2 =
-      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 6), now, [&] { ++old_cut; });
+      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 6), now, [&] {
+        ++old_cut;
+        return true;
+      });
   ASSERT_TRUE(old_read_2.ok());
 
   grants.NewTerm(new_secret);
@@ -129,8 +138,13 @@ TEST(GrantTableTest, AReplacedPreparedTermVerifiesNothing) {
   absl::Time now = absl::Now();
   grants.PrepareTerm(abandoned);
   int cut = 0;
-  ASSERT_TRUE(
-      grants.BeginRead(Request(abandoned, wire::Opcode::kRead, 2), now, [&] { ++cut; }).ok());
+  ASSERT_TRUE(grants
+                  .BeginRead(Request(abandoned, wire::Opcode::kRead, 2), now,
+                             [&] {
+                               ++cut;
+                               return true;
+                             })
+                  .ok());
   grants.PrepareTerm(next);
   EXPECT_EQ(grants.CheckRead(Request(abandoned, wire::Opcode::kRead, 2), now).code(),
             absl::StatusCode::kPermissionDenied);
@@ -138,6 +152,33 @@ TEST(GrantTableTest, AReplacedPreparedTermVerifiesNothing) {
   EXPECT_EQ(cut, 1);
   EXPECT_EQ(grants.CheckRead(Request(next, wire::Opcode::kRead, 2), now).code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+// A read whose cut finds its bytes gone already (the cut returns false) ends without being
+// counted as cut; one whose cut stopped it is counted. Both leave the table.
+TEST(GrantTableTest, OnlyReadsWhoseSendWasStoppedCountAsCut) {
+  std::string secret = wire::NewCapabilitySecret();
+  GrantTable grants(secret);
+  absl::Time now = absl::Now();
+  int asked = 0;
+  ASSERT_TRUE(grants
+                  .BeginRead(Request(secret, wire::Opcode::kRead, 3), now,
+                             [&] {
+                               ++asked;
+                               return false;
+                             })
+                  .ok());
+  uint64_t by_key = grants.BeginKeyRead(8192, 100, [&] {
+    ++asked;
+    return true;
+  });
+  EXPECT_GT(by_key, 0u);
+  EXPECT_EQ(grants.reads_in_flight(), 2u);
+  grants.End(3, /*writes_only=*/false, now + absl::Minutes(1));
+  grants.CutKeyReads(8100, 100);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(grants.reads_in_flight(), 0u);
+  EXPECT_EQ(grants.reads_cut(), 1u);
 }
 
 TEST(GrantTableTest, EndWaitsForALandInProgressAndStopsLaterOnes) {
