@@ -1,7 +1,7 @@
 // The TCP transport's pipeline against a scripted segment on loopback: answers that arrive all
 // at once or a byte at a time, a rejection whose reason is longer than the rejected op's
 // buffer, answers a segment should never send (a wrong length, out of order), and writes
-// hashed in the lane as they are sent.
+// hashed in the lane as they are sent; pooled connections the segment closed while idle.
 
 #include "client/tcp_transport.h"
 
@@ -277,6 +277,26 @@ TEST(TcpTransportTest, AnAnswerOutOfOrderIsNeverOk) {
   TcpTransport(OneLane()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(10));
   EXPECT_FALSE(reads.ops[0].status.ok());
   EXPECT_FALSE(reads.ops[1].status.ok());
+}
+
+// The scripted segment closes each connection once it has answered, as a segment may cut one
+// it served (or restart) while the client keeps it pooled: every such connection is dropped
+// and the next tried, until a freshly dialed one serves the batch.
+TEST(TcpTransportTest, PooledConnectionsClosedWhileIdleAreDroppedUntilAFreshOne) {
+  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
+  TcpTransportOptions options;
+  options.connections_per_endpoint = 2;
+  options.threads = 1;
+  TcpTransport transport(options);
+  Reads first = MakeReads(segment.endpoint(), 2, 64);  // two lanes: two pooled connections
+  transport.Execute(absl::MakeSpan(first.ops), absl::Now() + absl::Seconds(10));
+  for (const TransferOp& op : first.ops) ASSERT_TRUE(op.status.ok()) << op.status;
+  ASSERT_EQ(segment.connections(), 2);
+  Reads second = MakeReads(segment.endpoint(), 1, 64);  // one lane meets both dead ones
+  transport.Execute(absl::MakeSpan(second.ops), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(second.ops[0].status.ok()) << second.ops[0].status;
+  EXPECT_EQ(second.buffers[0], ValueAt(0, 64));
+  EXPECT_EQ(segment.connections(), 3);
 }
 
 }  // namespace
