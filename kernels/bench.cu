@@ -645,6 +645,49 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
       add_variants(few_kv, o, note);
     }
   }
+  // Equal spans per block taken whatever the model says.
+  {
+    GqaDecodeOptions o;
+    o.force_spans = true;
+    add_variants({few_kv.begin(), few_kv.end() - 1}, o, "forced spans");
+  }
+  // The cache's piece size: blocks of 16 tokens of one kv head are 4 KiB pieces of K and of V,
+  // scattered; larger blocks make larger pieces (same lengths and plan).
+  for (int bs : {32, 64, 256}) {
+    for (int tw : {1, 4}) {
+      GqaRow v{"variant", 8, 1, 128, bs, 128, 512, 8192};
+      v.options.tile_warps = tw;
+      v.note = "block " + std::to_string(bs) + (tw > 1 ? " + 4 warps per kv head" : "");
+      rows.push_back(v);
+    }
+  }
+  rows.push_back(
+      {"variant", 16, 2, 128, 64, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "block 64"});
+  // Few long sequences of one or two kv heads: fewer units than SMs.
+  for (int tw : {1, 2, 4}) {
+    GqaDecodeOptions o;
+    o.tile_warps = tw;
+    add_variants(
+        {
+            {"variant", 8, 1, 128, 16, 4, 32768, 32768},
+            {"variant", 8, 1, 128, 16, 16, 8192, 8192},
+            {"variant", 16, 2, 128, 16, 2, 65536, 65536},
+            {"variant", 16, 1, 128, 16, 1, 131072, 131072},
+        },
+        o, tw == 1 ? "long" : "long + " + std::to_string(tw) + " warps per kv head");
+  }
+  // The planner's previous choice where it changed: one warp per kv head (3-stage rings) on the
+  // group-16 rows.
+  {
+    GqaDecodeOptions o;
+    o.tile_warps = 1;
+    add_variants(
+        {
+            {"variant", 16, 1, 128, 16, 128, 512, 8192},
+            {"variant", 48, 3, 128, 16, 64, 512, 8192},
+        },
+        o, "1 warp per kv head");
+  }
   if (!opt.rows.empty()) {
     // Keep the rows whose label ("group, note") holds one of the comma-separated strings.
     std::vector<GqaRow> kept;

@@ -730,8 +730,14 @@ int DefaultStages(int warps, bool rows16, DType kv_type) {
   return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 3 : 4;
 }
 
-// Warps per pair: 1 unless asked for (GqaDecodeOptions::tile_warps).
-int DefaultTileWarps(int /*pairs*/, DType /*kv_type*/, int /*head_dim*/) { return 1; }
+// Warps per pair: 4 (each every 4th tile, 2-stage rings) for 1-warp blocks of 16 query heads
+// per warp over a 16-bit cache (groups above 8 with an odd number of kv heads, e.g. 16/1, 48/3):
+// on an H100 the same or 1-3% faster on 16/1 128 x 512-8k and 48/3 64 x 512-8k and 19% faster on
+// 16/1 1 x 128k than 1-warp blocks with 3-stage rings (docs/benchmarks.md). 1 otherwise: with 8
+// query heads per warp 2 or 4 warps measured 0-6% slower except on one long sequence.
+int DefaultTileWarps(int warps, bool rows16, DType kv_type) {
+  return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 4 : 1;
+}
 
 // Everything of a plan but the items: warps, resident blocks, the planner's input.
 struct PlanBasis {
@@ -755,10 +761,14 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
       group > 8 && shape.head_dim <= 128 && !options.rows8 && options.warps != 8;
   const int rows = rows16 ? 16 : 8;
   const int pairs = shape.num_kv_heads * ((group + rows - 1) / rows);
+  // (A ring depth asked for names a kernel of one warp per pair.)
   const int tile_warps =
-      options.tile_warps != 0
-          ? options.tile_warps
-          : (options.warps > 1 ? 1 : DefaultTileWarps(pairs, kv_type, shape.head_dim));
+      options.tile_warps != 0 ? options.tile_warps
+      : options.stages != 0
+          ? 1
+          : DefaultTileWarps(
+                options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim),
+                rows16, kv_type);
   // Several warps per pair: one pair per block (each pair its own unit).
   const int warps = options.warps != 0 ? options.warps
                     : tile_warps > 1   ? 1
@@ -831,7 +841,8 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   in.max_slots = 2 * ctas * tile_warps;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
-  in.spans = options.spans;
+  in.spans = options.spans || options.force_spans;
+  in.force_spans = options.force_spans;
   return KernelStatus::Ok();
 }
 

@@ -31,6 +31,7 @@ struct GqaDecodeOptions {
   int tile_warps = 0;  // warps per (kv head, query rows) pair, each taking every tile_warps-th
                        // tile of an item: 1, 2 or 4 (2 or 4 need blocks of one pair)
   bool spans = false;  // let the planner weigh equal spans per block (SplitPlanInput::spans)
+  bool force_spans = false;  // take equal spans whenever they fit (for comparison)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its
