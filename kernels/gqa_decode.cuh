@@ -31,7 +31,7 @@ struct GqaDecodeOptions {
   int tile_warps = 0;  // warps per (kv head, query rows) pair, each taking every tile_warps-th
                        // tile of an item: 1, 2 or 4 (2 or 4 need blocks of one pair)
   bool spans = false;  // let the planner weigh equal spans per block (SplitPlanInput::spans)
-  bool force_spans = false;  // take equal spans whenever they fit (for comparison)
+  bool force_spans = false;    // take equal spans whenever they fit (for comparison)
   bool batched_merge = false;  // merge few splits with their loads batched (not yet run on a GPU)
 };
 
