@@ -46,6 +46,7 @@ struct Options {
   std::string csv;
   bool quick = false;
   std::string only;  // "gqa:QO:KV:BATCH:HI" or "mla:HEADS:KV:BATCH:HI": just that row (ncu)
+  std::string rows;  // "matrix,spans": only the GQA rows whose "group, note" holds one of these
   int reps = 0;      // overrides the number of timed runs
 };
 
@@ -625,7 +626,102 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
     v.note = "1 warp x 4 stages";
     rows.push_back(v);
   }
-  if (opt.quick) rows.resize(6);
+  // Several warps per kv head, each taking every 2nd or 4th tile of an item (blocks of one kv
+  // head), and equal spans per block, on the rows of one to three kv heads; against the matrix
+  // rows above (the planner's default) in the same run.
+  const std::vector<GqaRow> few_kv = {
+      {"variant", 8, 1, 128, 16, 128, 512, 8192},  {"variant", 7, 1, 128, 16, 128, 512, 8192},
+      {"variant", 16, 1, 128, 16, 128, 512, 8192}, {"variant", 48, 3, 128, 16, 64, 512, 8192},
+      {"variant", 16, 2, 128, 16, 64, 512, 8192},  {"variant", 8, 1, 128, 16, 1, 131072, 131072},
+  };
+  for (int tw : {1, 2, 4}) {
+    for (bool spans : {false, true}) {
+      if (tw == 1 && !spans) continue;  // the matrix rows
+      GqaDecodeOptions o;
+      o.tile_warps = tw;
+      o.spans = spans;
+      std::string note = tw == 1 ? "" : std::to_string(tw) + " warps per kv head";
+      if (spans) note += note.empty() ? "spans" : " + spans";
+      add_variants(few_kv, o, note);
+    }
+  }
+  // Equal spans per block taken whatever the model says.
+  {
+    GqaDecodeOptions o;
+    o.force_spans = true;
+    add_variants({few_kv.begin(), few_kv.end() - 1}, o, "forced spans");
+  }
+  // The cache's piece size: blocks of 16 tokens of one kv head are 4 KiB pieces of K and of V,
+  // scattered; larger blocks make larger pieces (same lengths and plan).
+  for (int bs : {32, 64, 256}) {
+    for (int tw : {1, 4}) {
+      GqaRow v{"variant", 8, 1, 128, bs, 128, 512, 8192};
+      v.options.tile_warps = tw;
+      v.note = "block " + std::to_string(bs) + (tw > 1 ? " + 4 warps per kv head" : "");
+      rows.push_back(v);
+    }
+  }
+  rows.push_back(
+      {"variant", 16, 2, 128, 64, 64, 512, 8192, DType::kBF16, Layout::kKvFirst, {}, "block 64"});
+  // Few long sequences of one or two kv heads: fewer units than SMs.
+  for (int tw : {1, 2, 4}) {
+    GqaDecodeOptions o;
+    o.tile_warps = tw;
+    add_variants(
+        {
+            {"variant", 8, 1, 128, 16, 4, 32768, 32768},
+            {"variant", 8, 1, 128, 16, 16, 8192, 8192},
+            {"variant", 16, 2, 128, 16, 2, 65536, 65536},
+            {"variant", 16, 1, 128, 16, 1, 131072, 131072},
+        },
+        o, tw == 1 ? "long" : "long + " + std::to_string(tw) + " warps per kv head");
+  }
+  // The planner's previous choice where it changed: one warp per kv head (3-stage rings) on the
+  // group-16 rows; and the merge of few splits with its loads batched, on the rows that merge
+  // them.
+  {
+    GqaDecodeOptions o;
+    o.tile_warps = 1;
+    add_variants(
+        {
+            {"variant", 16, 1, 128, 16, 128, 512, 8192},
+            {"variant", 48, 3, 128, 16, 64, 512, 8192},
+        },
+        o, "1 warp per kv head");
+    GqaDecodeOptions batched;
+    batched.batched_merge = true;
+    add_variants(
+        {
+            {"variant", 8, 1, 128, 16, 128, 512, 8192},
+            {"variant", 7, 1, 128, 16, 128, 512, 8192},
+            {"variant", 16, 1, 128, 16, 128, 512, 8192},
+            {"variant", 48, 3, 128, 16, 64, 512, 8192},
+            {"variant", 16, 2, 128, 16, 64, 512, 8192},
+            {"variant", 28, 4, 128, 16, 64, 512, 8192},
+            {"variant", 32, 8, 128, 16, 64, 128, 16384},
+            {"variant", 32, 8, 64, 16, 64, 128, 16384},
+            {"variant", 64, 8, 128, 16, 32, 4096, 4096},
+        },
+        batched, "batched merge");
+  }
+  if (!opt.rows.empty()) {
+    // Keep the rows whose label ("group, note") holds one of the comma-separated strings.
+    std::vector<GqaRow> kept;
+    for (const GqaRow& r : rows) {
+      const std::string label = std::string(r.group) + ", " + r.note;
+      size_t from = 0;
+      while (from <= opt.rows.size()) {
+        const size_t to = std::min(opt.rows.find(',', from), opt.rows.size());
+        if (label.find(opt.rows.substr(from, to - from)) != std::string::npos) {
+          kept.push_back(r);
+          break;
+        }
+        from = to + 1;
+      }
+    }
+    rows = kept;
+  }
+  if (opt.quick) rows.resize(std::min<size_t>(rows.size(), 6));
   return rows;
 }
 
@@ -932,10 +1028,12 @@ int main(int argc, char** argv) {
       opt.only = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::atoi(argv[++i]);
+    } else if (a == "--rows" && i + 1 < argc) {
+      opt.rows = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: %s [--csv FILE] [--quick] [--sections copy,gqa,mla] [--only ROW] "
-                   "[--reps N]\n",
+                   "[--reps N] [--rows LABEL,...]\n",
                    argv[0]);
       return 2;
     }

@@ -78,6 +78,7 @@ struct SplitPlanInput {
   // scheduler does this); taken where modelled 10% faster and the partial results fit
   // max_slots. For kernels that follow chains (DecodeWorkItem::next).
   bool spans = false;
+  bool force_spans = false;  // with spans: take the span plan whenever it fits (for comparison)
 };
 
 // The planner's decisions.

@@ -89,7 +89,6 @@ struct GqaConfig {
   static constexpr int kKBytes = 16 * kRow;      // K half of a stage
   static constexpr int kFit = kSmemBudget / (kWarps * kStageBytes);
   static constexpr int kStages = kFit > kMaxStages ? kMaxStages : kFit;
-  static constexpr int kSmemBytes = kWarps * kStages * kStageBytes;
   // Rows of at least 128 bytes are copied warp-wide in whole 16-byte chunks, row after row, so
   // each copy instruction asks L2 for whole 128-byte lines (two 256-byte rows per instruction
   // for d128 bf16), into row-major tiles whose 16-byte chunks are XOR-swizzled (Swizzle()) so
@@ -98,6 +97,17 @@ struct GqaConfig {
   static constexpr bool kRowMajor = kRow >= 128;
   static constexpr int kChunksPerRow = kRow / 16;
   static_assert(kNKC >= 1 && kNVC >= 1 && kChunksPerRow >= 4, "head_dim too small");
+};
+
+// Shared memory of one warp: its ring, or (several warps per pair) at least the partial result
+// it hands to the pair's first warp at the end of an item: one float per lane per accumulator
+// slot, plus its row max and sum.
+template <typename C, bool kRows16, int kTileWarps>
+struct GqaWarpSmem {
+  static constexpr int kH = kRows16 ? 2 : 1;
+  static constexpr int kPartBytes = kTileWarps == 1 ? 0 : (kH * C::kMTiles * 4 + 2 * kH) * 32 * 4;
+  static constexpr int kRing = C::kStages * C::kStageBytes;
+  static constexpr int kBytes = kRing > kPartBytes ? kRing : kPartBytes;
 };
 
 // Swizzle of 16-byte chunk c in row `row` of a row-major tile: flips the low three bits so
@@ -117,13 +127,21 @@ constexpr int MaxWarps() {
 // kRows16: each warp takes 16 query heads of its kv head (the MMA's rows 8..15 too) instead of
 // 8, for groups above 8: one K/V stream per 16 query heads, twice the score and output
 // accumulators.
-template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16, int kMaxStages>
-__global__ void __launch_bounds__(kWarps * 32)
+// kTileWarps: warps per (kv head, query rows) pair. Warp w of the block serves pair
+// w % kWarps and takes every kTileWarps-th 16-token tile of the item, from tile w / kWarps,
+// through its own ring; at the end of the item the pair's warps merge their (max, sum,
+// accumulator) through shared memory (their rings, then idle) and the first writes the result.
+// More warps, hence more independent tile loops, per item and SM for the shapes with one or two
+// kv heads per block.
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16, int kMaxStages,
+          int kTileWarps = 1>
+__global__ void __launch_bounds__(kWarps* kTileWarps * 32)
     GqaDecodeKernel(const __grid_constant__ GqaParams p) {
-  using C = GqaConfig<KV, kDim, kWarps, kMaxStages>;
+  using C = GqaConfig<KV, kDim, kWarps * kTileWarps, kMaxStages>;
   constexpr int kH = kRows16 ? 2 : 1;  // halves of 8 query rows per warp
   constexpr int kRows = 8 * kH;
   static_assert(C::kStages >= 2, "pipeline does not fit shared memory");
+  constexpr int kWarpBytes = GqaWarpSmem<C, kRows16, kTileWarps>::kBytes;
   constexpr bool kFp8 = std::is_same_v<KV, Fp8Tag>;
   constexpr bool kMB = C::kMmaBf16;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -131,9 +149,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
+  const int wpair = kTileWarps == 1 ? warp : warp % kWarps;  // pair of this block
+  const int sub = kTileWarps == 1 ? 0 : warp / kWarps;       // first tile, of kTileWarps
   const int r = lane / 4;  // fragment row group
   const int qd = lane % 4;
-  const uint32_t pipe = detail::SmemAddr(smem) + warp * C::kStages * C::kStageBytes;
+  const uint32_t pipe = detail::SmemAddr(smem) + warp * kWarpBytes;
   detail::LaunchDependents();  // the merge kernel may be scheduled now; it waits for our end
 
   int item = -1;
@@ -154,8 +174,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + item);  // seq, unit, start, end
     const int b = wi.x;
-    const int pair = wi.y * kWarps + warp;
-    if (pair >= p.pairs) continue;  // idle warp of the last head group (no barriers below)
+    const int pair = wi.y * kWarps + wpair;
+    // Idle warps of the last head group: every warp of the pair is idle (the pair's barriers
+    // below count only its warps).
+    if (pair >= p.pairs) continue;
     const int len = p.seq_lens[b];
     const int h = pair / p.qchunks;
     const int g0 = (pair % p.qchunks) * kRows;
@@ -207,12 +229,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     };
 
-    const int ntiles = (end - start + 15) / 16;
+    // This warp's tiles of the item: local tile k is the item's tile sub + k * kTileWarps.
+    const int ntiles = ((end - start + 15) / 16 - sub + kTileWarps - 1) / kTileWarps;
     const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
-    // Lane i holds the physical block of tile k0 + i.
+    auto tile_tok0 = [&](int k) { return start + 16 * (sub + k * kTileWarps); };
+    // Lane i holds the physical block of local tile k0 + i.
     auto load_blocks = [&](int k0) {
       const int k = k0 + lane;
-      return k < ntiles ? __ldg(table + (start + 16 * k) / p.block_size) : 0;
+      return k < ntiles ? __ldg(table + tile_tok0(k) / p.block_size) : 0;
     };
     int blocks = load_blocks(0);
     const uint8_t* head_base = p.kv + h * p.head_stride;
@@ -220,7 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     auto issue = [&](int k) {
       if (k > 0 && (k & 31) == 0) blocks = load_blocks(k);
       const int blk = __shfl_sync(kFull, blocks, k & 31);
-      const int tok0 = start + 16 * k;
+      const int tok0 = tile_tok0(k);
       const int nvalid = min(16, end - tok0);
       const uint8_t* base =
           head_base + blk * p.block_stride + (tok0 % p.block_size) * p.token_stride;
@@ -297,7 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       detail::CpAsyncWait<C::kStages - 1>();
       if constexpr (C::kRowMajor) __syncwarp();
       const uint32_t st = pipe + (k % C::kStages) * C::kStageBytes;
-      const int tok0 = start + 16 * k;
+      const int tok0 = tile_tok0(k);
 
       // S = Q K^T for 16 tokens: n-tile n holds tokens 8n..8n+7 of the tile.
       float s[2][4];
@@ -425,6 +449,66 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
+    if constexpr (kTileWarps > 1) {
+      // Merge the pair's warps into the first (sub 0): each writes its row max, its sum and its
+      // accumulators into its own shared memory (GqaWarpSmem; no copies are pending: the last
+      // committed groups were empty or waited for), lane-major, then the first folds the
+      // others in.
+      detail::CpAsyncWait<0>();
+      __syncwarp();
+      float* part = reinterpret_cast<float*>(smem + warp * kWarpBytes);
+      const int bar = 1 + wpair;  // named barrier of this pair (0 is __syncthreads)
+      if (sub != 0) {
+#pragma unroll
+        for (int hf = 0; hf < kH; ++hf) {
+          part[(2 * hf) * 32 + lane] = m_run[hf];
+          part[(2 * hf + 1) * 32 + lane] = l_run[hf];
+#pragma unroll
+          for (int i = 0; i < C::kMTiles; ++i) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              part[(2 * kH + (hf * C::kMTiles + i) * 4 + c) * 32 + lane] = acc[hf][i][c];
+            }
+          }
+        }
+      }
+      detail::NamedBarrier(bar, kTileWarps * 32);
+      if (sub == 0) {
+#pragma unroll
+        for (int j = 1; j < kTileWarps; ++j) {
+          const float* other =
+              reinterpret_cast<const float*>(smem + (warp + j * kWarps) * kWarpBytes);
+#pragma unroll
+          for (int hf = 0; hf < kH; ++hf) {
+            const float m_o = other[(2 * hf) * 32 + lane];
+            const float l_o = other[(2 * hf + 1) * 32 + lane];
+            const float m_new = fmaxf(m_run[hf], m_o);
+            // Both -inf (neither warp saw a token of these rows): nothing to scale.
+            const float f_self = m_new == -INFINITY ? 0.0f : exp2f(m_run[hf] - m_new);
+            const float f_o = m_new == -INFINITY ? 0.0f : exp2f(m_o - m_new);
+            l_run[hf] = l_run[hf] * f_self + l_o * f_o;
+            m_run[hf] = m_new;
+            // Output columns 2qd, 2qd + 1: their rows' factors live in lanes 8qd, 8qd + 4.
+            const float s0 = __shfl_sync(kFull, f_self, 8 * qd);
+            const float s1 = __shfl_sync(kFull, f_self, 8 * qd + 4);
+            const float o0 = __shfl_sync(kFull, f_o, 8 * qd);
+            const float o1 = __shfl_sync(kFull, f_o, 8 * qd + 4);
+#pragma unroll
+            for (int i = 0; i < C::kMTiles; ++i) {
+              const float* oa = other + (2 * kH + (hf * C::kMTiles + i) * 4) * 32 + lane;
+              acc[hf][i][0] = acc[hf][i][0] * s0 + oa[0] * o0;
+              acc[hf][i][1] = acc[hf][i][1] * s1 + oa[32] * o1;
+              acc[hf][i][2] = acc[hf][i][2] * s0 + oa[64] * o0;
+              acc[hf][i][3] = acc[hf][i][3] * s1 + oa[96] * o1;
+            }
+          }
+        }
+      }
+      // The others refill their rings only after the first has read them.
+      detail::NamedBarrier(bar, kTileWarps * 32);
+      if (sub != 0) continue;
+    }
+
     // This warp's results, per half: row r's sum and max, then the output columns 2qd and
     // 2qd + 1 (query rows 8 hf + 2qd + col).
     const int slot = __ldg(&p.ws.items[item].slot);
@@ -478,21 +562,30 @@ constexpr bool WarpsFit(int warps) {
 
 constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the cost model
 
-template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16, int kMaxStages>
+// Ring depth of the kernels with 2 and 4 warps per pair (index: warps per pair): with d128 bf16
+// 2 x 4 and 4 x 2 stages of 8 KiB, 64 KiB per block: 3 blocks, 6 or 12 warps per SM (1-warp
+// blocks: 6 blocks of 32 KiB).
+constexpr int kTileWarpStages[5] = {0, 4, 4, 0, 2};
+
+template <typename KV, bool kQBf16, int kDim, int kWarps, bool kRows16, int kMaxStages,
+          int kTileWarps>
 struct GqaLauncher {
-  using C = GqaConfig<KV, kDim, kWarps, kMaxStages>;
+  using C = GqaConfig<KV, kDim, kWarps * kTileWarps, kMaxStages>;
+  static constexpr int kThreads = kWarps * kTileWarps * 32;
+  static constexpr int kSmemBytes =
+      kWarps * kTileWarps * GqaWarpSmem<C, kRows16, kTileWarps>::kBytes;
 
   // Resident thread blocks for the whole GPU (0 on error).
   static int ResidentCtas() {
     static const int ctas = [] {
-      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages>;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               C::kSmemBytes) != cudaSuccess) {
+      auto kernel = GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages, kTileWarps>;
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
+          cudaSuccess) {
         return 0;
       }
       int per_sm = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32,
-                                                        C::kSmemBytes) != cudaSuccess) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmemBytes) !=
+          cudaSuccess) {
         return 0;
       }
       return per_sm * detail::NumSms();
@@ -500,7 +593,8 @@ struct GqaLauncher {
     return ctas;
   }
 
-  // The planner's cost of one 16-token tile of one item while every resident block streams.
+  // The planner's cost of one 16-token tile of one item (of all its pairs) while every
+  // resident block streams.
   static double TileUs(int ctas) {
     return 16.0 * kWarps * 2 * kDim * C::kEB * ctas / kReadBytesPerUs;
   }
@@ -509,12 +603,12 @@ struct GqaLauncher {
     p.ws = detail::CarvePlanWorkspace(const_cast<void*>(plan.workspace), plan.layout);
     p.total_items = static_cast<int>(plan.split.items.size());
     p.chained = plan.split.Chained() ? 1 : 0;  // otherwise the counter is zero (it resets itself)
-    GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages>
-        <<<plan.split.grid, kWarps * 32, C::kSmemBytes, stream>>>(p);
+    GqaDecodeKernel<KV, kQBf16, kDim, kWarps, kRows16, kMaxStages, kTileWarps>
+        <<<plan.split.grid, kThreads, kSmemBytes, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
-        p.o, p.lse, !plan.plain_merge, stream);
+        p.o, p.lse, !plan.plain_merge, stream, plan.batched_merge);
   }
 };
 
@@ -523,25 +617,40 @@ using Int = std::integral_constant<int, kV>;
 template <bool kV>
 using Bool = std::integral_constant<bool, kV>;
 
-// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}, Bool<kRows16>{}, Int<kMaxStages>{})
-// for the kernel of these types, head_dim, warps, rows per warp and ring depth; false where there
-// is none (16 rows per warp exist for head_dim <= 128 and up to 4 warps per block; 3-stage rings
-// for 1-warp blocks of 16-bit caches with head_dim <= 128).
+// Calls f(KV{}, Bool<kQBf16>{}, Int<kDim>{}, Int<kWarps>{}, Bool<kRows16>{}, Int<kMaxStages>{},
+// Int<kTileWarps>{}) for the kernel of these types, head_dim, pairs per block, rows per warp,
+// ring depth and warps per pair; false where there is none (16 rows per warp exist for head_dim
+// <= 128 and up to 4 pairs per block; 3-stage rings for 1-warp blocks of 16-bit caches with
+// head_dim <= 128; 2 or 4 warps per pair for blocks of one pair, 2 with 4-stage rings, 4 with
+// 2-stage rings, kTileWarpStages).
 template <typename F>
 bool WithKernel(DType q_type, DType kv_type, int head_dim, int warps, bool rows16, int stages,
-                F&& f) {
+                int tile_warps, F&& f) {
   auto by_warps = [&](auto kv, auto qbf16, auto dim) {
     using KV = decltype(kv);
     constexpr int kDim = decltype(dim)::value;
     if (!WarpsFit<KV, kDim>(warps)) return false;
     auto with_stages = [&](auto w, auto r16) {
+      if (tile_warps != 1) {
+        if constexpr (decltype(w)::value == 1) {
+          if (tile_warps == 2 && (stages == 0 || stages == kTileWarpStages[2])) {
+            f(kv, qbf16, dim, w, r16, Int<kTileWarpStages[2]>{}, Int<2>{});
+            return true;
+          }
+          if (tile_warps == 4 && (stages == 0 || stages == kTileWarpStages[4])) {
+            f(kv, qbf16, dim, w, r16, Int<kTileWarpStages[4]>{}, Int<4>{});
+            return true;
+          }
+        }
+        return false;
+      }
       if (stages == 0 || stages == 4) {
-        f(kv, qbf16, dim, w, r16, Int<4>{});
+        f(kv, qbf16, dim, w, r16, Int<4>{}, Int<1>{});
         return true;
       }
       if constexpr (decltype(w)::value == 1 && kDim <= 128 && !std::is_same_v<KV, Fp8Tag>) {
         if (stages == 3) {
-          f(kv, qbf16, dim, w, r16, Int<3>{});
+          f(kv, qbf16, dim, w, r16, Int<3>{}, Int<1>{});
           return true;
         }
       }
@@ -621,11 +730,21 @@ int DefaultStages(int warps, bool rows16, DType kv_type) {
   return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 3 : 4;
 }
 
+// Warps per pair: 4 (each every 4th tile, 2-stage rings) for 1-warp blocks of 16 query heads
+// per warp over a 16-bit cache (groups above 8 with an odd number of kv heads, e.g. 16/1, 48/3):
+// on an H100 the same or 1-3% faster on 16/1 128 x 512-8k and 48/3 64 x 512-8k and 19% faster on
+// 16/1 1 x 128k than 1-warp blocks with 3-stage rings (docs/benchmarks.md). 1 otherwise: with 8
+// query heads per warp 2 or 4 warps measured 0-6% slower except on one long sequence.
+int DefaultTileWarps(int warps, bool rows16, DType kv_type) {
+  return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 4 : 1;
+}
+
 // Everything of a plan but the items: warps, resident blocks, the planner's input.
 struct PlanBasis {
   int warps = 0;
   bool rows16 = false;
   int stages = 4;
+  int tile_warps = 1;
   int hgroups = 0;
   SplitPlanInput in;
 };
@@ -642,21 +761,48 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
       group > 8 && shape.head_dim <= 128 && !options.rows8 && options.warps != 8;
   const int rows = rows16 ? 16 : 8;
   const int pairs = shape.num_kv_heads * ((group + rows - 1) / rows);
-  int warps = options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim);
+  // (A ring depth asked for names a kernel of one warp per pair.)
+  const int tile_warps =
+      options.tile_warps != 0 ? options.tile_warps
+      : options.stages != 0
+          ? 1
+          : DefaultTileWarps(
+                options.warps != 0 ? options.warps : DefaultWarps(pairs, kv_type, shape.head_dim),
+                rows16, kv_type);
+  // Several warps per pair: one pair per block (each pair its own unit).
+  const int warps = options.warps != 0 ? options.warps
+                    : tile_warps > 1   ? 1
+                                       : DefaultWarps(pairs, kv_type, shape.head_dim);
+  if (tile_warps != 1 && tile_warps != 2 && tile_warps != 4) {
+    return KernelStatus::Refused("GqaDecode: " + std::to_string(tile_warps) +
+                                 " warps per kv head: 1, 2 or 4");
+  }
+  if (tile_warps > 1 && warps != 1) {
+    return KernelStatus::Refused("GqaDecode: " + std::to_string(tile_warps) +
+                                 " warps per kv head need blocks of one kv head (here " +
+                                 std::to_string(warps) + ")");
+  }
   int ctas = 0;
   double tile_us = 0.0;
   // The ring depth first: the resident blocks and the tile cost below are that kernel's.
-  const int stages =
-      options.stages != 0 ? options.stages : DefaultStages(warps, rows16, kv_type);
+  const int stages = options.stages != 0 ? options.stages
+                     : tile_warps > 1    ? kTileWarpStages[tile_warps]
+                                         : DefaultStages(warps, rows16, kv_type);
   const bool found =
-      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16, stages,
-                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st) {
-                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
-                                         decltype(dim)::value, decltype(w)::value,
-                                         decltype(r16)::value, decltype(st)::value>;
+      WithKernel(q_type, kv_type, shape.head_dim, warps, rows16, stages, tile_warps,
+                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st, auto tw) {
+                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value, decltype(dim)::value,
+                                         decltype(w)::value, decltype(r16)::value,
+                                         decltype(st)::value, decltype(tw)::value>;
                    ctas = L::ResidentCtas();
                    tile_us = L::TileUs(ctas);
                  });
+  if (!found && tile_warps > 1) {
+    return KernelStatus::Refused("GqaDecode: " + std::to_string(tile_warps) +
+                                 " warps per kv head run with " +
+                                 std::to_string(kTileWarpStages[tile_warps]) +
+                                 "-stage rings only (asked for " + std::to_string(stages) + ")");
+  }
   if (!found && stages != 4) {
     return KernelStatus::Refused("GqaDecode: a ring of " + std::to_string(stages) +
                                  " stages exists only for 1-warp blocks of bf16/fp16 caches with "
@@ -678,6 +824,7 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   basis->warps = warps;
   basis->rows16 = rows16;
   basis->stages = stages;
+  basis->tile_warps = tile_warps;
   basis->hgroups = (pairs + warps - 1) / warps;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;
@@ -691,9 +838,11 @@ KernelStatus MakeBasis(const GqaDecodeShape& shape, DType q_type, DType kv_type,
   in.item_us = 5.0;
   in.merge_us = 4.0;
   in.counter_us = 0.5;  // the atomic takes (the counter resets itself, no memset)
-  in.max_slots = 2 * ctas;
+  in.max_slots = 2 * ctas * tile_warps;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
+  in.spans = options.spans || options.force_spans;
+  in.force_spans = options.force_spans;
   return KernelStatus::Ok();
 }
 
@@ -756,7 +905,9 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
   plan->warps = basis.warps;
   plan->rows16 = basis.rows16;
   plan->stages = basis.stages;
+  plan->tile_warps = basis.tile_warps;
   plan->plain_merge = options.plain_merge;
+  plan->batched_merge = options.batched_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
       e != cudaSuccess) {
@@ -805,14 +956,14 @@ KernelStatus RunGqaDecode(const GqaDecodePlan& plan, const void* q, const void* 
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
   cudaError_t e = cudaSuccess;
-  const bool found =
-      WithKernel(plan.q_type, plan.kv_type, shape.head_dim, plan.warps, plan.rows16, plan.stages,
-                 [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st) {
-                   using L = GqaLauncher<decltype(kv), decltype(qbf16)::value,
-                                         decltype(dim)::value, decltype(w)::value,
-                                         decltype(r16)::value, decltype(st)::value>;
-                   e = L::Run(plan, p, stream);
-                 });
+  const bool found = WithKernel(
+      plan.q_type, plan.kv_type, shape.head_dim, plan.warps, plan.rows16, plan.stages,
+      plan.tile_warps, [&](auto kv, auto qbf16, auto dim, auto w, auto r16, auto st, auto tw) {
+        using L = GqaLauncher<decltype(kv), decltype(qbf16)::value, decltype(dim)::value,
+                              decltype(w)::value, decltype(r16)::value, decltype(st)::value,
+                              decltype(tw)::value>;
+        e = L::Run(plan, p, stream);
+      });
   if (!found) return KernelStatus::Refused("RunGqaDecode: the plan names no kernel");
   if (e != cudaSuccess) {
     return {static_cast<int>(e), std::string("RunGqaDecode: ") + cudaGetErrorString(e)};

@@ -28,6 +28,11 @@ struct GqaDecodeOptions {
                          // the default for those with 16 query heads per warp)
   bool plain_merge = false;  // launch the merge kernel after the attention kernel, not as its
                              // programmatic dependent (for comparison)
+  int tile_warps = 0;  // warps per (kv head, query rows) pair, each taking every tile_warps-th
+                       // tile of an item: 1, 2 or 4 (2 or 4 need blocks of one pair)
+  bool spans = false;  // let the planner weigh equal spans per block (SplitPlanInput::spans)
+  bool force_spans = false;    // take equal spans whenever they fit (for comparison)
+  bool batched_merge = false;  // merge few splits with their loads batched (not yet run on a GPU)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its
@@ -41,7 +46,9 @@ struct GqaDecodePlan {
   int warps = 0;        // pairs per block
   bool rows16 = false;  // 16 query heads per warp (groups above 8, head_dim <= 128)
   int stages = 4;       // ring depth per warp
+  int tile_warps = 1;   // warps per pair, splitting each item's tiles
   bool plain_merge = false;
+  bool batched_merge = false;
   SplitPlan split;      // items, merges, grid
   DecodeWorkspaceLayout layout;
   const void* workspace = nullptr;  // where the items were written

@@ -12,6 +12,7 @@
 # gives the time of each kernel of a split row's launch (attention, then merge) on the rows
 # that fall furthest below the ceiling, whose times the bench only reports together.
 # KVPOOL_CHECKS=copy (or gqa, mla, a comma list) runs only those families of checks.
+# KVPOOL_BENCH_ROWS="matrix,spans" keeps only the GQA rows whose label holds one of these.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-out}
@@ -56,7 +57,8 @@ if [[ " $steps " == *" bench-mla "* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench-gqa "* ]]; then
-  timeout 300 "$build/kvpool-kernels-bench" --sections gqa 2>&1 | tee "$out/bench_gqa.md"
+  timeout 300 "$build/kvpool-kernels-bench" --sections gqa \
+    ${KVPOOL_BENCH_ROWS:+--rows "$KVPOOL_BENCH_ROWS"} 2>&1 | tee "$out/bench_gqa.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then

@@ -456,6 +456,8 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
       << (c.options.warps ? "/warps" + std::to_string(c.options.warps) : "")
       << (c.options.chunk ? "/chunk" + std::to_string(c.options.chunk) : "")
       << (c.options.rows8 ? "/rows8" : "")
+      << (c.options.tile_warps ? "/tw" + std::to_string(c.options.tile_warps) : "")
+      << (c.options.spans ? "/spans" : "") << (c.options.batched_merge ? "/batched-merge" : "")
       << (c.tag.empty() ? "" : "/" + c.tag) << "/batch" << c.lens.size();
     res.name = s.str();
   }
@@ -591,6 +593,12 @@ CheckResult CheckGqaRefusals() {
   shallow.stages = 3;
   GqaDecodeOptions eight;
   eight.warps = 8;
+  GqaDecodeOptions tw3, tw2_pairs2, tw2_stages3;
+  tw3.tile_warps = 3;
+  tw2_pairs2.tile_warps = 2;
+  tw2_pairs2.warps = 2;
+  tw2_stages3.tile_warps = 2;
+  tw2_stages3.stages = 3;
   const DType bf = DType::kBF16, e4 = DType::kFP8E4M3;
   const Refusal cases[] = {
       {{4, 32, 8, 96, 16, 8}, bf, bf, {}, "head_dim 96"},
@@ -599,6 +607,9 @@ CheckResult CheckGqaRefusals() {
       {{4, 32, 8, 128, 16, 8}, e4, e4, {}, "queries cannot be e4m3"},
       {{4, 8, 1, 128, 16, 8}, bf, e4, shallow, "3 stages"},
       {{4, 64, 8, 256, 16, 8}, bf, bf, eight, "warps per block"},
+      {{4, 8, 1, 128, 16, 8}, bf, bf, tw3, "1, 2 or 4"},
+      {{4, 16, 2, 128, 16, 8}, bf, bf, tw2_pairs2, "blocks of one kv head"},
+      {{4, 8, 1, 128, 16, 8}, bf, bf, tw2_stages3, "4-stage rings only"},
   };
   DeviceBuffer ws;
   if (cudaMalloc(&ws.ptr, 1 << 20) != cudaSuccess) {
@@ -835,6 +846,63 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
                             {},
                             "matrix-d64-ragged-scaled"},
                            rng));
+  // Several warps per kv head (tile_warps 2 and 4: each warp every 2nd or 4th tile, merged
+  // through shared memory): groups 1, 7, 8, 16, head dims 64/128/256, bf16, fp16 and e4m3 (both
+  // query types), every layout, ragged lengths with empty, one-token and shorter-than-the-warps
+  // sequences; chained spans, and items from the work counter (forced chunks).
+  for (int tw : {2, 4}) {
+    GqaDecodeOptions o;
+    o.tile_warps = tw;
+    const std::vector<int> edge = {0, 1, 15, 16, 17, 47, 64, 65, 2500, 3001};
+    out.push_back(RunGqaCase({8, 1, 128, 16, bf, bf, kvf, edge, o, "g8"}, rng));
+    out.push_back(RunGqaCase(
+        {7, 1, 64, 32, h16, h16, Layout::kBlocksFirst, ragged(12, 1, 5000, 21), o, "g7"}, rng));
+    out.push_back(
+        RunGqaCase({16, 1, 128, 16, e4, bf, kvf, ragged(8, 1, 4000, 22), o, "g16-rows16"}, rng));
+    out.push_back(RunGqaCase(
+        {4, 4, 128, 64, bf, bf, Layout::kHeadsFirst, ragged(6, 1, 3000, 23), o, "g1"}, rng));
+    out.push_back(RunGqaCase(
+        {32, 2, 256, 16, bf, bf, Layout::kPacked, ragged(4, 1, 3000, 24), o, "g16-d256"}, rng));
+    out.push_back(
+        RunGqaCase({16, 2, 64, 64, e4, h16, Layout::kBlocksFirst, edge, o, "g8-d64"}, rng));
+    out.push_back(
+        RunGqaCase({8, 1, 256, 32, e4, bf, kvf, ragged(6, 1, 4000, 25), o, "g8-d256"}, rng));
+    out.push_back(
+        RunGqaCase({48, 3, 128, 16, bf, bf, kvf, ragged(8, 1, 5000, 26), o, "g16-3kv"}, rng));
+    out.push_back(RunGqaCase(
+        {14, 2, 64, 16, e4, bf, Layout::kPacked, ragged(8, 1, 4000, 27), o, "g7-d64"}, rng));
+    GqaDecodeOptions spans = o;
+    spans.spans = true;
+    out.push_back(
+        RunGqaCase({8, 1, 128, 16, bf, bf, kvf, ragged(32, 1, 6000, 28), spans, "g8"}, rng));
+    GqaDecodeOptions counter = o;
+    counter.chunk = 128;
+    out.push_back(
+        RunGqaCase({16, 2, 128, 16, bf, bf, kvf, ragged(12, 1, 3000, 29), counter, "g8"}, rng));
+  }
+  {
+    GqaDecodeOptions spans;
+    spans.spans = true;
+    out.push_back(RunGqaCase(
+        {7, 1, 128, 16, bf, bf, Layout::kBlocksFirst, ragged(32, 1, 6000, 30), spans, "g7"}, rng));
+  }
+  // The merge of few splits with its loads batched: 1 to 32 splits per sequence (forced chunks),
+  // d64/128/256, bf16 and fp16 outputs, empty and short sequences beside split ones.
+  {
+    GqaDecodeOptions batched;
+    batched.batched_merge = true;
+    batched.chunk = 128;
+    const std::vector<int> lens = {0, 1, 129, 255, 1024, 1300, 2500, 4096};
+    out.push_back(RunGqaCase({8, 1, 128, 16, bf, bf, kvf, lens, batched, "batched-merge"}, rng));
+    out.push_back(RunGqaCase(
+        {32, 8, 64, 32, h16, h16, Layout::kBlocksFirst, lens, batched, "batched-merge"}, rng));
+    out.push_back(
+        RunGqaCase({16, 4, 256, 16, bf, bf, Layout::kPacked, lens, batched, "batched-merge"}, rng));
+    batched.chunk = 0;
+    out.push_back(RunGqaCase(
+        {8, 1, 128, 16, bf, bf, kvf, ragged(128, 512, 8192, 1), batched, "batched-merge-matrix"},
+        rng));
+  }
   out.push_back(CheckGqaRefusals());
   return out;
 }
