@@ -165,6 +165,20 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // Cheaper there than the kernel above, whose blocks would be mostly idle.
 constexpr int kFewSplits = 32;
 
+// A few-splits merge's end: the warp's (max, sum, accumulators) of one (sequence, head) written
+// as its output row `row` (lane: kPer values, consecutive pairs) and its lse.
+template <bool kOutBf16, int kDim, int kPer>
+__device__ __forceinline__ void StoreMerged(const float (&acc)[kPer], float m, float sum, void* o,
+                                            float* lse, size_t row, int lane) {
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint32_t* out = static_cast<uint32_t*>(o) + row * (kDim / 2);
+#pragma unroll
+  for (int i = 0; i < kPer; i += 2) {
+    out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
+  }
+  if (lse != nullptr && lane == 0) lse[row] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
+}
+
 template <bool kOutBf16, int kDim>
 __global__ void __launch_bounds__(128)
     MergeFewSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
@@ -199,19 +213,11 @@ __global__ void __launch_bounds__(128)
       }
     }
   }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  uint32_t* out = static_cast<uint32_t*>(o) + (size_t{1} * mi.seq * heads + h) * (kDim / 2);
-#pragma unroll
-  for (int i = 0; i < kPer; i += 2) {
-    out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
-  }
-  if (lse != nullptr && lane == 0) {
-    lse[size_t{1} * mi.seq * heads + h] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
-  }
+  StoreMerged<kOutBf16, kDim, kPer>(acc, m, sum, o, lse, size_t{1} * mi.seq * heads + h, lane);
 }
 
-// MergeFewSplitsKernel with its loads batched (opt-in, GqaDecodeOptions::batched_merge; not yet run
-// on a GPU): lane s reads split s's lse, so the weights take one load, and the splits' partial
+// MergeFewSplitsKernel with its loads batched (opt-in, GqaDecodeOptions::batched_merge; checked
+// on a GPU, not yet timed): lane s reads split s's lse, so the weights take one load, and the splits' partial
 // outputs are read kBatch splits at a time, all loads of a batch in flight together. One split
 // after the other, as above, the merge of the GQA 8/1 row (10 splits of 8 heads) took 7.8 us on
 // an H100, after the attention kernel (docs/benchmarks.md).
@@ -265,15 +271,7 @@ __global__ void __launch_bounds__(128)
       }
     }
   }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  uint32_t* out = static_cast<uint32_t*>(o) + (size_t{1} * mi.seq * heads + h) * (kDim / 2);
-#pragma unroll
-  for (int i = 0; i < kPer; i += 2) {
-    out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
-  }
-  if (lse != nullptr && lane == 0) {
-    lse[size_t{1} * mi.seq * heads + h] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
-  }
+  StoreMerged<kOutBf16, kDim, kPer>(acc, m, sum, o, lse, size_t{1} * mi.seq * heads + h, lane);
 }
 
 // Merges a plan's split sequences (max_splits: the most splits of any of them), launched as a
