@@ -730,13 +730,14 @@ int DefaultStages(int warps, bool rows16, DType kv_type) {
   return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 3 : 4;
 }
 
-// Warps per pair: 1 unless asked for. 4 (each every 4th tile, 2-stage rings) measured the same
-// or 1-3% faster for 1-warp blocks of 16 query heads per warp over a 16-bit cache (16/1, 48/3)
-// and 19% faster on 16/1 1 x 128k on an H100, and passed the checks; it is not the default yet
-// because the benchmark stopped at a row of that family (16/1 1 x 128k, 2 warps) in the run
-// that checked it, for a reason not found (docs/benchmarks.md). With 8 query heads per warp
-// 2 or 4 warps measured 0-6% slower except on one long sequence.
-int DefaultTileWarps(int /*warps*/, bool /*rows16*/, DType /*kv_type*/) { return 1; }
+// Warps per pair: 4 (each every 4th tile, 2-stage rings) for 1-warp blocks of 16 query heads
+// per warp over a 16-bit cache (groups above 8 with an odd number of kv heads, e.g. 16/1, 48/3):
+// on an H100 the same or 1-3% faster on 16/1 128 x 512-8k and 48/3 64 x 512-8k and 19% faster on
+// 16/1 1 x 128k than 1-warp blocks with 3-stage rings (docs/benchmarks.md). 1 otherwise: with 8
+// query heads per warp 2 or 4 warps measured 0-6% slower except on one long sequence.
+int DefaultTileWarps(int warps, bool rows16, DType kv_type) {
+  return warps == 1 && rows16 && kv_type != DType::kFP8E4M3 ? 4 : 1;
+}
 
 // Everything of a plan but the items: warps, resident blocks, the planner's input.
 struct PlanBasis {
