@@ -20,8 +20,9 @@ class PlainStream final : public DataStream {
   absl::Status Send(absl::Span<iovec> iov, absl::Time deadline) override {
     return SendAll(fd_, iov, deadline);
   }
-  absl::Status Recv(absl::Span<iovec> iov, absl::Time deadline) override {
-    return RecvAll(fd_, iov, deadline);
+  absl::StatusOr<size_t> RecvAtLeast(absl::Span<iovec> iov, size_t least,
+                                     absl::Time deadline) override {
+    return client::RecvAtLeast(fd_, iov, least, deadline);
   }
 
  private:
@@ -74,21 +75,26 @@ class TlsStream final : public DataStream {
     return flushed;
   }
 
-  absl::Status Recv(absl::Span<iovec> iov, absl::Time deadline) override {
+  // (Past `least`, only what OpenSSL has decrypted already.)
+  absl::StatusOr<size_t> RecvAtLeast(absl::Span<iovec> iov, size_t least,
+                                     absl::Time deadline) override {
+    size_t got = 0;
     for (iovec& part : iov) {
       while (part.iov_len > 0) {
+        if (got >= least && SSL_pending(ssl_) == 0) return got;
         ERR_clear_error();
         size_t n = 0;
         int rc = SSL_read_ex(ssl_, part.iov_base, part.iov_len, &n);
         if (rc == 1) {
           part.iov_base = static_cast<uint8_t*>(part.iov_base) + n;
           part.iov_len -= n;
+          got += n;
           continue;
         }
         if (absl::Status s = Wait(rc, deadline, "receive"); !s.ok()) return s;
       }
     }
-    return absl::OkStatus();
+    return got;
   }
 
  private:

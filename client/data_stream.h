@@ -24,8 +24,17 @@ class DataStream {
   virtual ~DataStream() = default;
   // Sends every byte of `iov` (the array is modified as it advances).
   virtual absl::Status Send(absl::Span<iovec> iov, absl::Time deadline) = 0;
-  // Fills every byte of `iov` (the array is modified as it advances).
-  virtual absl::Status Recv(absl::Span<iovec> iov, absl::Time deadline) = 0;
+  // Fills at least the first `least` bytes of `iov`, and as much more of it as had arrived by
+  // then (never waiting for more); how many bytes it filled. The array is modified as it
+  // advances.
+  virtual absl::StatusOr<size_t> RecvAtLeast(absl::Span<iovec> iov, size_t least,
+                                             absl::Time deadline) = 0;
+  // Fills every byte of `iov`.
+  absl::Status Recv(absl::Span<iovec> iov, absl::Time deadline) {
+    size_t total = 0;
+    for (const iovec& part : iov) total += part.iov_len;
+    return RecvAtLeast(iov, total, deadline).status();
+  }
 };
 
 // Connects to host:port (ConnectTcp) and, with `tls`, completes the TLS handshake before

@@ -111,11 +111,20 @@ absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
 }
 
 absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
+  size_t total = 0;
+  for (const iovec& part : iov) total += part.iov_len;
+  return RecvAtLeast(fd, iov, total, deadline).status();
+}
+
+absl::StatusOr<size_t> RecvAtLeast(int fd, absl::Span<iovec> iov, size_t least,
+                                   absl::Time deadline) {
   size_t first = AdvanceIov(iov, 0, 0);
-  while (first < iov.size()) {
+  size_t got = 0;
+  while (got < least && first < iov.size()) {
     ssize_t n = readv(fd, &iov[first], static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX)));
     if (n > 0) {
       first = AdvanceIov(iov, first, static_cast<size_t>(n));
+      got += static_cast<size_t>(n);
       continue;
     }
     if (n == 0) return absl::UnavailableError("connection closed by the segment");
@@ -126,7 +135,7 @@ absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
     }
     return absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno)));
   }
-  return absl::OkStatus();
+  return got;
 }
 
 }  // namespace kvpool::client

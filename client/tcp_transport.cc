@@ -120,6 +120,10 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
   std::vector<uint8_t> headers(window * wire::kRequestHeaderSize);
   std::vector<iovec> iov;
   size_t sent = 0;
+  // Of the next answer's header, the bytes read with the value before it (what had arrived of
+  // it by then, once its request is out: whatever that answer is, it begins with a header).
+  uint8_t response[wire::kResponseHeaderSize];
+  size_t header_read = 0;
   while (result.answered < ops.size()) {
     // Every request the window allows goes out in gathered sends: one, or one per
     // kHashedSendBytes of writes hashed here, so that the kernel copies bytes the hash has just
@@ -166,10 +170,12 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
       if (!result.io_error.ok()) return result;
     }
     TransferOp& op = *ops[result.answered];
-    uint8_t response[wire::kResponseHeaderSize];
-    iovec response_iov{response, sizeof(response)};
-    result.io_error = stream.Recv(absl::MakeSpan(&response_iov, 1), deadline);
-    if (!result.io_error.ok()) return result;
+    if (header_read < sizeof(response)) {
+      iovec response_iov{response + header_read, sizeof(response) - header_read};
+      result.io_error = stream.Recv(absl::MakeSpan(&response_iov, 1), deadline);
+      if (!result.io_error.ok()) return result;
+    }
+    header_read = 0;
     absl::StatusOr<wire::ResponseHeader> header = wire::DecodeResponse(response);
     if (!header.ok() || header->request_id != result.answered) {
       result.io_error = absl::UnavailableError(
@@ -209,8 +215,13 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
     }
     if (expected > 0) {
       std::vector<iovec> target = op.iov;
-      result.io_error = stream.Recv(absl::MakeSpan(target), deadline);
-      if (!result.io_error.ok()) return result;
+      if (result.answered + 1 < sent) target.push_back(iovec{response, sizeof(response)});
+      absl::StatusOr<size_t> got = stream.RecvAtLeast(absl::MakeSpan(target), expected, deadline);
+      if (!got.ok()) {
+        result.io_error = got.status();
+        return result;
+      }
+      header_read = *got - expected;
       // Step G2's check, hashed in this lane while the bytes are in its cache (the next
       // answer meanwhile fills the socket's buffer); the caller compares.
       if (op.hash) op.checksum = wire::Checksum(op.iov);
