@@ -9,6 +9,7 @@
 
 #include <sys/uio.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -24,16 +25,14 @@ class DataStream {
   virtual ~DataStream() = default;
   // Sends every byte of `iov` (the array is modified as it advances).
   virtual absl::Status Send(absl::Span<iovec> iov, absl::Time deadline) = 0;
-  // Fills at least the first `least` bytes of `iov`, and as much more of it as had arrived by
-  // then (never waiting for more); how many bytes it filled. The array is modified as it
-  // advances.
+  // Fills at least the first `least` bytes of `iov` (all of it where `least` is more), and as
+  // much more of it as had arrived by then (never waiting for more); how many bytes it filled.
+  // The array is modified as it advances.
   virtual absl::StatusOr<size_t> RecvAtLeast(absl::Span<iovec> iov, size_t least,
                                              absl::Time deadline) = 0;
   // Fills every byte of `iov`.
   absl::Status Recv(absl::Span<iovec> iov, absl::Time deadline) {
-    size_t total = 0;
-    for (const iovec& part : iov) total += part.iov_len;
-    return RecvAtLeast(iov, total, deadline).status();
+    return RecvAtLeast(iov, SIZE_MAX, deadline).status();
   }
 };
 

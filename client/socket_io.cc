@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -111,9 +112,7 @@ absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
 }
 
 absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline) {
-  size_t total = 0;
-  for (const iovec& part : iov) total += part.iov_len;
-  return RecvAtLeast(fd, iov, total, deadline).status();
+  return RecvAtLeast(fd, iov, SIZE_MAX, deadline).status();
 }
 
 absl::StatusOr<size_t> RecvAtLeast(int fd, absl::Span<iovec> iov, size_t least,

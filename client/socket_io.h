@@ -33,8 +33,9 @@ absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline);
 // Fills every byte of `iov` (the array is modified as it advances).
 absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline);
 
-// Fills at least the first `least` bytes of `iov`, and as much more of it as had arrived by
-// then (never waiting for more); how many bytes it filled. The array is modified as it advances.
+// Fills at least the first `least` bytes of `iov` (all of it where `least` is more), and as
+// much more of it as had arrived by then (never waiting for more); how many bytes it filled.
+// The array is modified as it advances.
 absl::StatusOr<size_t> RecvAtLeast(int fd, absl::Span<iovec> iov, size_t least,
                                    absl::Time deadline);
 

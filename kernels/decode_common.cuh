@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(128)
 }
 
 // MergeFewSplitsKernel with its loads batched (opt-in, GqaDecodeOptions::batched_merge; checked
-// on an H100, no faster there): lane s reads split s's lse, so the weights take one load, and the splits' partial
-// outputs are read kBatch splits at a time, all loads of a batch in flight together. One split
+// on an H100, no faster there): lane s reads split s's lse, so the weights take one load, and
+// the splits' partial outputs are read kBatch splits at a time, all loads of a batch in flight together. One split
 // after the other, as above, the merge of the GQA 8/1 row (10 splits of 8 heads) took 7.8 us on
 // an H100, after the attention kernel (docs/benchmarks.md).
 template <bool kOutBf16, int kDim>
