@@ -677,8 +677,7 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
         o, tw == 1 ? "long" : "long + " + std::to_string(tw) + " warps per kv head");
   }
   // The planner's previous choice where it changed: one warp per kv head (3-stage rings) on the
-  // group-16 rows; and the merge of few splits with its loads batched, on the rows that merge
-  // them.
+  // group-16 rows.
   {
     GqaDecodeOptions o;
     o.tile_warps = 1;
@@ -688,21 +687,6 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
             {"variant", 48, 3, 128, 16, 64, 512, 8192},
         },
         o, "1 warp per kv head");
-    GqaDecodeOptions batched;
-    batched.batched_merge = true;
-    add_variants(
-        {
-            {"variant", 8, 1, 128, 16, 128, 512, 8192},
-            {"variant", 7, 1, 128, 16, 128, 512, 8192},
-            {"variant", 16, 1, 128, 16, 128, 512, 8192},
-            {"variant", 48, 3, 128, 16, 64, 512, 8192},
-            {"variant", 16, 2, 128, 16, 64, 512, 8192},
-            {"variant", 28, 4, 128, 16, 64, 512, 8192},
-            {"variant", 32, 8, 128, 16, 64, 128, 16384},
-            {"variant", 32, 8, 64, 16, 64, 128, 16384},
-            {"variant", 64, 8, 128, 16, 32, 4096, 4096},
-        },
-        batched, "batched merge");
   }
   if (!opt.rows.empty()) {
     // Keep the rows whose label ("group, note") holds one of the comma-separated strings.

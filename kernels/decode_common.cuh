@@ -165,20 +165,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // Cheaper there than the kernel above, whose blocks would be mostly idle.
 constexpr int kFewSplits = 32;
 
-// A few-splits merge's end: the warp's (max, sum, accumulators) of one (sequence, head) written
-// as its output row `row` (lane: kPer values, consecutive pairs) and its lse.
-template <bool kOutBf16, int kDim, int kPer>
-__device__ __forceinline__ void StoreMerged(const float (&acc)[kPer], float m, float sum, void* o,
-                                            float* lse, size_t row, int lane) {
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  uint32_t* out = static_cast<uint32_t*>(o) + row * (kDim / 2);
-#pragma unroll
-  for (int i = 0; i < kPer; i += 2) {
-    out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
-  }
-  if (lse != nullptr && lane == 0) lse[row] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
-}
-
 template <bool kOutBf16, int kDim>
 __global__ void __launch_bounds__(128)
     MergeFewSplitsKernel(const float* __restrict__ part_o, const float* __restrict__ part_lse,
@@ -213,75 +199,22 @@ __global__ void __launch_bounds__(128)
       }
     }
   }
-  StoreMerged<kOutBf16, kDim, kPer>(acc, m, sum, o, lse, size_t{1} * mi.seq * heads + h, lane);
-}
-
-// MergeFewSplitsKernel with its loads batched (opt-in, GqaDecodeOptions::batched_merge; checked
-// on an H100, no faster there): lane s reads split s's lse, so the weights take one load, and
-// the splits' partial outputs are read kBatch splits at a time, all loads of a batch in flight together. One split
-// after the other, as above, the merge of the GQA 8/1 row (10 splits of 8 heads) took 7.8 us on
-// an H100, after the attention kernel (docs/benchmarks.md).
-template <bool kOutBf16, int kDim>
-__global__ void __launch_bounds__(128)
-    MergeFewSplitsBatchedKernel(const float* __restrict__ part_o,
-                                const float* __restrict__ part_lse,
-                                const DecodeMergeItem* __restrict__ merges, int num_merges,
-                                int heads, void* __restrict__ o, float* __restrict__ lse) {
-  static_assert(kFewSplits <= 32, "one split per lane");
-  WaitForPrimary();
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (warp >= num_merges * heads) return;
-  const DecodeMergeItem mi = merges[warp / heads];
-  const int h = warp % heads;
-  const float* pl = part_lse + size_t{1} * mi.slot0 * heads + h;
-  const float ls = lane < mi.splits ? pl[size_t{1} * lane * heads] : -INFINITY;
-  float m = ls;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const size_t row = size_t{1} * mi.seq * heads + h;
+  uint32_t* out = static_cast<uint32_t*>(o) + row * (kDim / 2);
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  const float w_lane = m == -INFINITY ? 0.0f : __expf(ls - m);  // exp(-inf) = 0
-  float sum = w_lane;
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  constexpr int kPer = kDim / 32;
-  constexpr int kBatch = kPer <= 4 ? 8 : (kPer <= 8 ? 4 : 2);
-  float acc[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) acc[i] = 0.0f;
-  const float* po = part_o + (size_t{1} * mi.slot0 * heads + h) * kDim + lane * 2;
-  const size_t split_stride = size_t{1} * heads * kDim;
-  for (int s0 = 0; s0 < mi.splits; s0 += kBatch) {
-    float2 v[kBatch][kPer / 2];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-#pragma unroll
-      for (int i = 0; i < kPer; i += 2) {
-        v[j][i / 2] = s0 + j < mi.splits
-                          ? *reinterpret_cast<const float2*>(po + (s0 + j) * split_stride + i * 32)
-                          : make_float2(0.0f, 0.0f);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const float w = __shfl_sync(0xffffffffu, w_lane, (s0 + j) & 31);  // 0 past the splits
-#pragma unroll
-      for (int i = 0; i < kPer; i += 2) {
-        acc[i] += w * v[j][i / 2].x;
-        acc[i + 1] += w * v[j][i / 2].y;
-      }
-    }
+  for (int i = 0; i < kPer; i += 2) {
+    out[(i * 32 + lane * 2) / 2] = PackFloat2<kOutBf16>(acc[i] * inv, acc[i + 1] * inv);
   }
-  StoreMerged<kOutBf16, kDim, kPer>(acc, m, sum, o, lse, size_t{1} * mi.seq * heads + h, lane);
+  if (lse != nullptr && lane == 0) lse[row] = sum > 0.0f ? m + __logf(sum) : -INFINITY;
 }
 
 // Merges a plan's split sequences (max_splits: the most splits of any of them), launched as a
 // programmatic dependent of the attention kernel just before it on `stream` (see
 // LaunchDependents), or plainly after it (`dependent` false: the benchmark's comparison).
-// `batched`: few splits are merged by MergeFewSplitsBatchedKernel.
 template <bool kOutBf16, int kDim>
 cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max_splits, int heads,
-                                void* o, float* lse, bool dependent, cudaStream_t stream,
-                                bool batched = false) {
+                                void* o, float* lse, bool dependent, cudaStream_t stream) {
   if (num_merges == 0) return cudaSuccess;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -306,10 +239,6 @@ cudaError_t LaunchMergePartials(const PlanWorkspace& ws, int num_merges, int max
     const int warps = num_merges * heads;
     cfg.gridDim = dim3((warps + 3) / 4);
     cfg.blockDim = dim3(128);
-    if (batched) {
-      return launch(MergeFewSplitsBatchedKernel<kOutBf16, kDim>, part_o, part_lse, ws.merges,
-                    num_merges, heads, o, lse);
-    }
     return launch(MergeFewSplitsKernel<kOutBf16, kDim>, part_o, part_lse, ws.merges, num_merges,
                   heads, o, lse);
   }

@@ -608,7 +608,7 @@ struct GqaLauncher {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return detail::LaunchMergePartials<kQBf16, kDim>(
         p.ws, static_cast<int>(plan.split.merges.size()), plan.split.max_splits, p.num_qo_heads,
-        p.o, p.lse, !plan.plain_merge, stream, plan.batched_merge);
+        p.o, p.lse, !plan.plain_merge, stream);
   }
 };
 
@@ -907,7 +907,6 @@ KernelStatus PlanGqaDecode(const GqaDecodeShape& shape, DType q_type, DType kv_t
   plan->stages = basis.stages;
   plan->tile_warps = basis.tile_warps;
   plan->plain_merge = options.plain_merge;
-  plan->batched_merge = options.batched_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
       e != cudaSuccess) {

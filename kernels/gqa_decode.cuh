@@ -31,9 +31,7 @@ struct GqaDecodeOptions {
   int tile_warps = 0;  // warps per (kv head, query rows) pair, each taking every tile_warps-th
                        // tile of an item: 1, 2 or 4 (2 or 4 need blocks of one pair)
   bool spans = false;  // let the planner weigh equal spans per block (SplitPlanInput::spans)
-  bool force_spans = false;    // take equal spans whenever they fit (for comparison)
-  bool batched_merge = false;  // merge few splits with their loads batched (measured no faster
-                               // on an H100)
+  bool force_spans = false;  // take equal spans whenever they fit (for comparison)
 };
 
 // A launch plan: what PlanGqaDecode decided for one shape, types and set of lengths, with its
@@ -49,7 +47,6 @@ struct GqaDecodePlan {
   int stages = 4;       // ring depth per warp
   int tile_warps = 1;   // warps per pair, splitting each item's tiles
   bool plain_merge = false;
-  bool batched_merge = false;
   SplitPlan split;      // items, merges, grid
   DecodeWorkspaceLayout layout;
   const void* workspace = nullptr;  // where the items were written

@@ -457,7 +457,7 @@ CheckResult RunGqaCase(const GqaCase& c, std::mt19937_64& rng) {
       << (c.options.chunk ? "/chunk" + std::to_string(c.options.chunk) : "")
       << (c.options.rows8 ? "/rows8" : "")
       << (c.options.tile_warps ? "/tw" + std::to_string(c.options.tile_warps) : "")
-      << (c.options.spans ? "/spans" : "") << (c.options.batched_merge ? "/batched-merge" : "")
+      << (c.options.spans ? "/spans" : "")
       << (c.tag.empty() ? "" : "/" + c.tag) << "/batch" << c.lens.size();
     res.name = s.str();
   }
@@ -886,22 +886,19 @@ std::vector<CheckResult> CheckGqaDecode(uint64_t seed) {
     out.push_back(RunGqaCase(
         {7, 1, 128, 16, bf, bf, Layout::kBlocksFirst, ragged(32, 1, 6000, 30), spans, "g7"}, rng));
   }
-  // The merge of few splits with its loads batched: 1 to 32 splits per sequence (forced chunks),
-  // d64/128/256, bf16 and fp16 outputs, empty and short sequences beside split ones.
+  // The few-splits merge: 1 to 32 splits per sequence (forced chunks), d64/128/256, bf16 and
+  // fp16 outputs, empty and short sequences beside split ones; and the 8/1 matrix row's plan.
   {
-    GqaDecodeOptions batched;
-    batched.batched_merge = true;
-    batched.chunk = 128;
+    GqaDecodeOptions forced;
+    forced.chunk = 128;
     const std::vector<int> lens = {0, 1, 129, 255, 1024, 1300, 2500, 4096};
-    out.push_back(RunGqaCase({8, 1, 128, 16, bf, bf, kvf, lens, batched, "batched-merge"}, rng));
+    out.push_back(RunGqaCase({8, 1, 128, 16, bf, bf, kvf, lens, forced, "few-splits"}, rng));
     out.push_back(RunGqaCase(
-        {32, 8, 64, 32, h16, h16, Layout::kBlocksFirst, lens, batched, "batched-merge"}, rng));
+        {32, 8, 64, 32, h16, h16, Layout::kBlocksFirst, lens, forced, "few-splits"}, rng));
     out.push_back(
-        RunGqaCase({16, 4, 256, 16, bf, bf, Layout::kPacked, lens, batched, "batched-merge"}, rng));
-    batched.chunk = 0;
+        RunGqaCase({16, 4, 256, 16, bf, bf, Layout::kPacked, lens, forced, "few-splits"}, rng));
     out.push_back(RunGqaCase(
-        {8, 1, 128, 16, bf, bf, kvf, ragged(128, 512, 8192, 1), batched, "batched-merge-matrix"},
-        rng));
+        {8, 1, 128, 16, bf, bf, kvf, ragged(128, 512, 8192, 1), {}, "few-splits-matrix"}, rng));
   }
   out.push_back(CheckGqaRefusals());
   return out;
