@@ -20,6 +20,14 @@ wire::RequestHeader Request(const std::string& secret, wire::Opcode opcode, uint
   return header;
 }
 
+// A cut that counts its calls and answers whether it stopped a send.
+GrantTable::Cut CountingCut(int& calls, bool stopped = true) {
+  return [&calls, stopped] {
+    ++calls;
+    return stopped;
+  };
+}
+
 TEST(GrantTableTest, EndedGrantsAreRefusedOthersServed) {
   std::string secret = wire::NewCapabilitySecret();
   GrantTable grants(secret);
@@ -93,25 +101,16 @@ TEST(GrantTableTest, APreparedTermVerifiesReadsOnlyUntilItBegins) {
   // An old grant's end does not touch a new read with the same grant id.
   int old_cut = 0, new_cut = 0;
   absl::StatusOr<uint64_t> old_read =
-      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 5), now, [&] {
-        ++old_cut;
-        return true;
-      });
+      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 5), now, CountingCut(old_cut));
   absl::StatusOr<uint64_t> new_read =
-      grants.BeginRead(Request(new_secret, wire::Opcode::kRead, 5), now, [&] {
-        ++new_cut;
-        return true;
-      });
+      grants.BeginRead(Request(new_secret, wire::Opcode::kRead, 5), now, CountingCut(new_cut));
   ASSERT_TRUE(old_read.ok());
   ASSERT_TRUE(new_read.ok());
   grants.End(5, /*writes_only=*/false, now + absl::Minutes(1));
   EXPECT_EQ(old_cut, 1);
   EXPECT_EQ(new_cut, 0);
   absl::StatusOr<uint64_t> old_read_2 =
-      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 6), now, [&] {
-        ++old_cut;
-        return true;
-      });
+      grants.BeginRead(Request(old_secret, wire::Opcode::kRead, 6), now, CountingCut(old_cut));
   ASSERT_TRUE(old_read_2.ok());
 
   grants.NewTerm(new_secret);
@@ -138,13 +137,8 @@ TEST(GrantTableTest, AReplacedPreparedTermVerifiesNothing) {
   absl::Time now = absl::Now();
   grants.PrepareTerm(abandoned);
   int cut = 0;
-  ASSERT_TRUE(grants
-                  .BeginRead(Request(abandoned, wire::Opcode::kRead, 2), now,
-                             [&] {
-                               ++cut;
-                               return true;
-                             })
-                  .ok());
+  ASSERT_TRUE(
+      grants.BeginRead(Request(abandoned, wire::Opcode::kRead, 2), now, CountingCut(cut)).ok());
   grants.PrepareTerm(next);
   EXPECT_EQ(grants.CheckRead(Request(abandoned, wire::Opcode::kRead, 2), now).code(),
             absl::StatusCode::kPermissionDenied);
@@ -163,15 +157,9 @@ TEST(GrantTableTest, OnlyReadsWhoseSendWasStoppedCountAsCut) {
   int asked = 0;
   ASSERT_TRUE(grants
                   .BeginRead(Request(secret, wire::Opcode::kRead, 3), now,
-                             [&] {
-                               ++asked;
-                               return false;
-                             })
+                             CountingCut(asked, /*stopped=*/false))
                   .ok());
-  uint64_t by_key = grants.BeginKeyRead(8192, 100, [&] {
-    ++asked;
-    return true;
-  });
+  uint64_t by_key = grants.BeginKeyRead(8192, 100, CountingCut(asked));
   EXPECT_GT(by_key, 0u);
   EXPECT_EQ(grants.reads_in_flight(), 2u);
   grants.End(3, /*writes_only=*/false, now + absl::Minutes(1));
