@@ -9,9 +9,8 @@ void Manifest::Apply(const std::vector<v1::ManifestRecord>& records) {
   for (const v1::ManifestRecord& record : records) {
     if (record.kind() == v1::ManifestRecord::ADD) {
       DropOverlappingLocked(record.offset(), std::max<uint64_t>(record.size(), 1));
-      v1::ManifestRecord& entry = by_offset_[record.offset()];
-      entry = record;
-      by_key_[record.key()] = record.offset();  // the latest, should a key have two
+      auto entry = by_offset_.insert_or_assign(record.offset(), record).first;
+      by_key_[record.key()] = entry;  // the latest, should a key have two
     } else if (record.kind() == v1::ManifestRecord::FORGET) {
       auto it = by_offset_.find(record.offset());
       if (it != by_offset_.end() && it->second.key() == record.key()) EraseLocked(it);
@@ -37,7 +36,7 @@ void Manifest::DropOverlappingLocked(uint64_t offset, uint64_t length) {
 
 Manifest::Entries_::iterator Manifest::EraseLocked(Entries_::iterator it) {
   if (it == by_offset_.end()) return it;
-  if (auto key = by_key_.find(it->second.key()); key != by_key_.end() && key->second == it->first) {
+  if (auto key = by_key_.find(it->second.key()); key != by_key_.end() && key->second == it) {
     by_key_.erase(key);
   }
   uint64_t offset = it->first;
@@ -51,15 +50,15 @@ std::optional<Manifest::Found> Manifest::Find(absl::string_view stored_key) cons
   absl::MutexLock lock(&mu_);
   auto key = by_key_.find(stored_key);
   if (key == by_key_.end()) return std::nullopt;
-  const v1::ManifestRecord& entry = by_offset_.at(key->second);
+  const v1::ManifestRecord& entry = key->second->second;
   return Found{entry.offset(), entry.size(), entry.checksum(), entry.grant()};
 }
 
 bool Manifest::Holds(absl::string_view stored_key, const Found& found) const {
   absl::MutexLock lock(&mu_);
   auto key = by_key_.find(stored_key);
-  if (key == by_key_.end() || key->second != found.offset) return false;
-  const v1::ManifestRecord& entry = by_offset_.at(key->second);
+  if (key == by_key_.end() || key->second->first != found.offset) return false;
+  const v1::ManifestRecord& entry = key->second->second;
   return entry.size() == found.size && entry.grant() == found.grant &&
          entry.checksum() == found.checksum;
 }

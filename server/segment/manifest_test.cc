@@ -103,6 +103,17 @@ TEST(ManifestTest, FindsEntriesByKeyUntilTheyGo) {
   manifest.Apply({Record(v1::ManifestRecord::FORGET, "a", 0, 100), moved});
   EXPECT_FALSE(manifest.Holds("a", *found));
   EXPECT_EQ(manifest.Find("a")->offset, 512u);
+  // Held at two offsets at once: the later ADD is found, and dropping the earlier entry
+  // leaves it so.
+  manifest.Apply({a});
+  EXPECT_EQ(manifest.Find("a")->offset, 0u);
+  manifest.Apply({Record(v1::ManifestRecord::FORGET, "a", 512, 100)});
+  ASSERT_TRUE(manifest.Find("a").has_value());
+  EXPECT_EQ(manifest.Find("a")->offset, 0u);
+  EXPECT_EQ(manifest.Find("a")->grant, 7u);
+  manifest.Apply({Record(v1::ManifestRecord::FORGET, "a", 0, 100)});
+  EXPECT_FALSE(manifest.Find("a").has_value());
+  EXPECT_EQ(manifest.size(), 0u);
 }
 
 }  // namespace
