@@ -25,6 +25,11 @@ constexpr size_t kMaxSendParts = 1024;
 // Bytes of writes hashed in the lane per send: about what a core's L2 keeps of them until the
 // kernel copies them into the socket.
 constexpr uint64_t kHashedSendBytes = 256 << 10;
+// What a lane keeps in flight (answers and payloads not yet answered) before it takes more
+// ops: enough to keep its socket full across a request's round trip, little enough that
+// the lanes of a batch share out its last ops.
+constexpr uint64_t kLaneBytesAhead = 1 << 20;
+constexpr size_t kLaneOpsAhead = 3;
 
 // The first `bytes` of the buffers `iov`.
 std::vector<iovec> Truncated(const std::vector<iovec>& iov, uint64_t bytes) {
@@ -64,36 +69,50 @@ void TcpTransport::Execute(absl::Span<TransferOp> ops, absl::Time deadline) {
     for (TransferOp& op : ops) op.status = TransferError(op.endpoint, tls_error_);
     return;
   }
-  // Deal each segment's ops round-robin over its lanes; every lane runs in parallel.
+  // Each segment's ops are taken by up to connections_per_endpoint lanes; every lane runs in
+  // parallel.
   absl::flat_hash_map<std::string, std::vector<TransferOp*>> by_endpoint;
   for (TransferOp& op : ops) by_endpoint[op.endpoint].push_back(&op);
-  std::vector<std::pair<const std::string*, std::vector<TransferOp*>>> lanes;
-  for (const auto& [endpoint, endpoint_ops] : by_endpoint) {
-    size_t first = lanes.size();
-    size_t n =
-        std::min<size_t>(std::max(1, options_.connections_per_endpoint), endpoint_ops.size());
-    for (size_t i = 0; i < n; ++i) lanes.push_back({&endpoint, {}});
-    for (size_t i = 0; i < endpoint_ops.size(); ++i) {
-      lanes[first + i % n].second.push_back(endpoint_ops[i]);
-    }
-  }
+  std::vector<std::unique_ptr<OpQueue>> queues;
   std::vector<std::function<void()>> tasks;
-  for (const auto& lane : lanes) {
-    tasks.push_back([this, &lane, deadline] { RunLane(*lane.first, lane.second, deadline); });
+  for (auto& [endpoint, endpoint_ops] : by_endpoint) {
+    int lanes = static_cast<int>(
+        std::min<size_t>(std::max(1, options_.connections_per_endpoint), endpoint_ops.size()));
+    queues.push_back(std::make_unique<OpQueue>(std::move(endpoint_ops), lanes));
+    for (int i = 0; i < lanes; ++i) {
+      tasks.push_back([this, endpoint = &endpoint, queue = queues.back().get(), deadline] {
+        RunLane(*endpoint, *queue, deadline);
+      });
+    }
   }
   tasks_.Run(std::move(tasks));
 }
 
-void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops,
-                           absl::Time deadline) {
+void TcpTransport::OpQueue::GiveUp(const absl::Status& error) {
+  if (lanes_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  while (TransferOp* op = Take()) op->status = error;
+}
+
+void TcpTransport::RunLane(const std::string& endpoint, OpQueue& queue, absl::Time deadline) {
+  std::vector<TransferOp*> ops;  // taken by this lane, in the order sent
   size_t done = 0;
-  while (done < ops.size()) {
+  auto give_up = [&](const absl::Status& cause) {
+    absl::Status error = TransferError(endpoint, cause);
+    FailAll(absl::MakeSpan(ops).subspan(done), error);
+    queue.GiveUp(error);
+  };
+  while (true) {
+    if (done == ops.size()) {
+      TransferOp* next = queue.Take();
+      if (next == nullptr) return;
+      ops.push_back(next);
+    }
     absl::StatusOr<Lease> lease = Acquire(endpoint, deadline);
     if (!lease.ok()) {
-      FailAll(ops.subspan(done), TransferError(endpoint, lease.status()));
+      give_up(lease.status());
       return;
     }
-    PipelineResult result = Pipeline(*lease->stream, endpoint, ops.subspan(done), deadline);
+    PipelineResult result = Pipeline(*lease->stream, endpoint, queue, ops, done, deadline);
     done += result.answered;
     if (result.io_error.ok() && result.in_step) {
       Release(endpoint, std::move(lease->stream));
@@ -107,31 +126,45 @@ void TcpTransport::RunLane(const std::string& endpoint, absl::Span<TransferOp* c
         result.io_error.code() != absl::StatusCode::kDeadlineExceeded) {
       continue;
     }
-    FailAll(ops.subspan(done), TransferError(endpoint, result.io_error));
+    give_up(result.io_error);
     return;
   }
 }
 
 TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const std::string& endpoint,
-                                                    absl::Span<TransferOp* const> ops,
-                                                    absl::Time deadline) {
+                                                    OpQueue& queue, std::vector<TransferOp*>& ops,
+                                                    size_t first, absl::Time deadline) {
   PipelineResult result;
   const size_t window = static_cast<size_t>(std::max(1, options_.pipeline_window));
   std::vector<uint8_t> headers(window * wire::kRequestHeaderSize);
+  // Bytes of each op in flight (its answer's, or its payload's), by slot as `headers`.
+  std::vector<uint64_t> ahead(window);
+  uint64_t in_flight = 0;
   std::vector<iovec> iov;
-  size_t sent = 0;
+  size_t sent = 0;  // of ops[first...], as result.answered
   // Of the next answer's header, the bytes read with the value before it (what had arrived of
   // it by then, once its request is out: whatever that answer is, it begins with a header).
   uint8_t response[wire::kResponseHeaderSize];
   size_t header_read = 0;
-  while (result.answered < ops.size()) {
-    // Every request the window allows goes out in gathered sends: one, or one per
-    // kHashedSendBytes of writes hashed here, so that the kernel copies bytes the hash has just
-    // brought into this core's cache.
+  while (true) {
+    // The requests go out in gathered sends: one, or one per kHashedSendBytes of writes hashed
+    // here, so that the kernel copies bytes the hash has just brought into this core's cache.
+    // More ops are taken from the queue only while little is in flight (once under half of
+    // kLaneBytesAhead or kLaneOpsAhead ops, up to both), leaving the rest to whichever lane
+    // gets there first.
     iov.clear();
     uint64_t hashed_bytes = 0;
-    while (sent < ops.size() && sent - result.answered < window) {
-      TransferOp& op = *ops[sent];
+    const bool refill = in_flight < kLaneBytesAhead / 2 || sent - result.answered < kLaneOpsAhead;
+    while (sent - result.answered < window) {
+      if (first + sent == ops.size()) {
+        if (!refill || (in_flight >= kLaneBytesAhead && sent - result.answered >= kLaneOpsAhead)) {
+          break;
+        }
+        TransferOp* taken = queue.Take();
+        if (taken == nullptr) break;
+        ops.push_back(taken);
+      }
+      TransferOp& op = *ops[first + sent];
       const bool write = op.opcode == wire::Opcode::kWrite;
       const bool by_key = op.opcode == wire::Opcode::kReadKey;
       size_t parts = 1 + (write ? op.iov.size() : 0) + (by_key ? 2 : 0);
@@ -157,6 +190,8 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
           hashed_bytes += op.length;
         }
       }
+      ahead[sent % window] = op.length;
+      in_flight += op.length;
       ++sent;
       if (hashed_bytes >= kHashedSendBytes) {
         result.io_error = stream.Send(absl::MakeSpan(iov), deadline);
@@ -169,7 +204,9 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
       result.io_error = stream.Send(absl::MakeSpan(iov), deadline);
       if (!result.io_error.ok()) return result;
     }
-    TransferOp& op = *ops[result.answered];
+    if (result.answered == sent) return result;  // all answered, none left to take
+    TransferOp& op = *ops[first + result.answered];
+    in_flight -= ahead[result.answered % window];
     if (header_read < sizeof(response)) {
       iovec response_iov{response + header_read, sizeof(response) - header_read};
       result.io_error = stream.Recv(absl::MakeSpan(&response_iov, 1), deadline);
@@ -229,7 +266,6 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
     op.status = absl::OkStatus();
     ++result.answered;
   }
-  return result;
 }
 
 absl::StatusOr<TcpTransport::Lease> TcpTransport::Acquire(const std::string& endpoint,

@@ -3,10 +3,13 @@
 // The TCP transport: frames of proto/frame.h over pooled connections to each segment.
 // A batch is spread over up to `connections_per_endpoint` connections per segment, all
 // segments at once; on each connection requests are pipelined (a window of requests in
-// flight). Payloads go straight between the caller's buffers and the socket. With
+// flight). Each connection's lane takes a segment's ops as it goes, a few ahead of its
+// answers, so a lane that runs faster takes more and a batch's lanes end together.
+// Payloads go straight between the caller's buffers and the socket. With
 // `tls` every connection is TLS (client/data_stream.h): the segments must serve
 // --data-tls. Thread-safe.
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,12 +59,31 @@ class TcpTransport final : public Transport {
     std::unique_ptr<DataStream> stream;
     bool reused = false;
   };
+  // One segment's ops, taken one at a time by its lanes.
+  class OpQueue {
+   public:
+    OpQueue(std::vector<TransferOp*> ops, int lanes) : ops_(std::move(ops)), lanes_(lanes) {}
+    // The next op no lane has taken, or null.
+    TransferOp* Take() {
+      size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      return i < ops_.size() ? ops_[i] : nullptr;
+    }
+    // A lane gave up on the segment with `error`: the last lane to do so fails what no lane
+    // took (a lane that ends well ends only once nothing is left).
+    void GiveUp(const absl::Status& error);
 
-  // Runs `ops` (all for `endpoint`), one connection at a time, in order.
-  void RunLane(const std::string& endpoint, absl::Span<TransferOp* const> ops, absl::Time deadline);
-  // Sends ops in order, up to the window ahead of the answers, and reads the answers.
-  PipelineResult Pipeline(DataStream& stream, const std::string& endpoint,
-                          absl::Span<TransferOp* const> ops, absl::Time deadline);
+   private:
+    const std::vector<TransferOp*> ops_;
+    std::atomic<size_t> next_{0};
+    std::atomic<int> lanes_;
+  };
+
+  // Runs ops of `queue` (all for `endpoint`) one connection at a time, until none is left.
+  void RunLane(const std::string& endpoint, OpQueue& queue, absl::Time deadline);
+  // Sends `ops` from `first` in order, up to the window ahead of the answers, taking more from
+  // `queue` (appended to `ops`) while little is in flight, and reads the answers.
+  PipelineResult Pipeline(DataStream& stream, const std::string& endpoint, OpQueue& queue,
+                          std::vector<TransferOp*>& ops, size_t first, absl::Time deadline);
 
   absl::StatusOr<Lease> Acquire(const std::string& endpoint, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/checksum.h"
 #include "proto/error_codes.h"
@@ -64,14 +65,15 @@ std::string Header(int32_t status, uint64_t request_id, uint64_t length) {
 
 // A loopback listener that serves each connection with `script`: given the requests it read
 // (those that arrived within 200 ms of each other), it returns the bytes to answer, then
-// closes the connection.
+// closes the connection; with `rounds`, it reads and answers again until a round brings no
+// request.
 class ScriptedSegment {
  public:
   using Script =
       std::function<std::string(int connection, const std::vector<wire::RequestHeader>& requests)>;
 
-  explicit ScriptedSegment(Script script, bool dribble = false)
-      : script_(std::move(script)), dribble_(dribble) {
+  explicit ScriptedSegment(Script script, bool dribble = false, bool rounds = false)
+      : script_(std::move(script)), dribble_(dribble), rounds_(rounds) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address{};
     address.sin_family = AF_INET;
@@ -97,34 +99,49 @@ class ScriptedSegment {
   }
 
  private:
+  // Serves each connection on a thread of its own.
   void Serve() {
+    std::vector<std::thread> served;
     while (true) {
       int fd = accept(listen_fd_, nullptr, nullptr);
-      if (fd < 0) return;
+      if (fd < 0) break;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::vector<wire::RequestHeader> requests;
-      // The client sends its whole window at once: read what arrives within a moment.
+      // The client sends what it has in flight at once: read what arrives within a moment.
       timeval wait{0, 200 * 1000};
       setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
-      uint8_t header[wire::kRequestHeaderSize];
-      while (ReadFully(fd, header, sizeof(header))) {
-        absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header);
-        if (!request.ok()) break;
-        requests.push_back(*request);
-        if (request->opcode != wire::Opcode::kWrite) continue;
-        std::string payload(request->length, '\0');
-        if (!ReadFully(fd, payload.data(), payload.size())) break;
-        absl::MutexLock lock(&mu_);
-        written_.push_back(std::move(payload));
-      }
-      WriteFully(fd, script_(connections_++, requests), dribble_);
-      close(fd);
+      served.emplace_back([this, fd, connection = connections_++] {
+        while (true) {
+          std::vector<wire::RequestHeader> requests = ReadRound(fd);
+          if (rounds_ && requests.empty()) break;
+          WriteFully(fd, script_(connection, requests), dribble_);
+          if (!rounds_) break;
+        }
+        close(fd);
+      });
     }
+    for (std::thread& thread : served) thread.join();
+  }
+
+  std::vector<wire::RequestHeader> ReadRound(int fd) {
+    std::vector<wire::RequestHeader> requests;
+    uint8_t header[wire::kRequestHeaderSize];
+    while (ReadFully(fd, header, sizeof(header))) {
+      absl::StatusOr<wire::RequestHeader> request = wire::DecodeRequest(header);
+      if (!request.ok()) break;
+      requests.push_back(*request);
+      if (request->opcode != wire::Opcode::kWrite) continue;
+      std::string payload(request->length, '\0');
+      if (!ReadFully(fd, payload.data(), payload.size())) break;
+      absl::MutexLock lock(&mu_);
+      written_.push_back(std::move(payload));
+    }
+    return requests;
   }
 
   Script script_;
   bool dribble_;
+  bool rounds_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<int> connections_{0};
@@ -190,7 +207,9 @@ TEST(TcpTransportTest, PipelinedAnswersLandInTheirOwnBuffersAndAreHashed) {
 
 TEST(TcpTransportTest, WritesAskedToBeHashedAreHashedAsTheyAreSent) {
   // Values larger than one hashed send, and small ones between them; every other one hashed.
-  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
+  // The lane sends them over several rounds (a few ahead of their answers).
+  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); },
+                          /*dribble=*/false, /*rounds=*/true);
   const std::vector<uint64_t> lengths = {300 << 10, 5, 700 << 10, 4096, 256 << 10, 1};
   std::vector<std::string> values;
   for (size_t i = 0; i < lengths.size(); ++i) values.push_back(ValueAt(7 + i, lengths[i]));
@@ -279,19 +298,64 @@ TEST(TcpTransportTest, AnAnswerOutOfOrderIsNeverOk) {
   EXPECT_FALSE(reads.ops[1].status.ok());
 }
 
-// The scripted segment closes each connection once it has answered, as a segment may cut one
-// it served (or restart) while the client keeps it pooled: every such connection is dropped
-// and the next tried, until a freshly dialed one serves the batch.
+// Two lanes take one segment's ops as they go: the lane whose connection answers late takes
+// only its first few, the other the rest, and every answer lands where it belongs.
+TEST(TcpTransportTest, ALaneThatRunsFasterTakesMoreOfTheBatch) {
+  absl::Mutex mu;
+  std::vector<int> served(2, 0);  // requests answered, by connection
+  ScriptedSegment segment(
+      [&](int connection, const std::vector<wire::RequestHeader>& requests) {
+        if (connection == 0) absl::SleepFor(absl::Milliseconds(1500));
+        absl::MutexLock lock(&mu);
+        served[connection] += static_cast<int>(requests.size());
+        return AnswerAll(requests);
+      },
+      /*dribble=*/false, /*rounds=*/true);
+  TcpTransportOptions options;
+  options.connections_per_endpoint = 2;
+  options.threads = 1;
+  Reads reads = MakeReads(segment.endpoint(), 12, 256 << 10);
+  TcpTransport(options).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(20));
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(reads.ops[i].status.ok()) << i << ": " << reads.ops[i].status;
+    EXPECT_EQ(reads.buffers[i], ValueAt(1000u * i, 256 << 10)) << i;
+  }
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(served[0] + served[1], 12);
+  // Dealt in halves, each would have served 6.
+  EXPECT_LT(served[0], 6) << served[0] << " and " << served[1];
+}
+
+// A segment that answers no lane: every op fails, those no lane took among them.
+TEST(TcpTransportTest, WhenEveryLaneGivesUpNoOpIsLeftWithoutAnAnswer) {
+  ScriptedSegment segment([](int, const auto&) { return std::string(); });
+  TcpTransportOptions options;
+  options.connections_per_endpoint = 2;
+  options.threads = 1;
+  Reads reads = MakeReads(segment.endpoint(), 12, 256 << 10);
+  TcpTransport(options).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(20));
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(ToErrorCode(reads.ops[i].status), ErrorCode::TRANSFER_FAIL)
+        << i << ": " << reads.ops[i].status;
+  }
+}
+
+// The scripted segment closes each connection once it has gone a moment without a request, as
+// a segment may cut one it served (or restart) while the client keeps it pooled: every such
+// connection is dropped and the next tried, until a freshly dialed one serves the batch.
 TEST(TcpTransportTest, PooledConnectionsClosedWhileIdleAreDroppedUntilAFreshOne) {
-  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
+  ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); },
+                          /*dribble=*/false, /*rounds=*/true);
   TcpTransportOptions options;
   options.connections_per_endpoint = 2;
   options.threads = 1;
   TcpTransport transport(options);
-  Reads first = MakeReads(segment.endpoint(), 2, 64);  // two lanes: two pooled connections
+  // Enough for both lanes: two pooled connections.
+  Reads first = MakeReads(segment.endpoint(), 8, 256 << 10);
   transport.Execute(absl::MakeSpan(first.ops), absl::Now() + absl::Seconds(10));
   for (const TransferOp& op : first.ops) ASSERT_TRUE(op.status.ok()) << op.status;
   ASSERT_EQ(segment.connections(), 2);
+  absl::SleepFor(absl::Milliseconds(600));              // both closed by the segment meanwhile
   Reads second = MakeReads(segment.endpoint(), 1, 64);  // one lane meets both dead ones
   transport.Execute(absl::MakeSpan(second.ops), absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(second.ops[0].status.ok()) << second.ops[0].status;
