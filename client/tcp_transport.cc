@@ -28,7 +28,7 @@ constexpr uint64_t kHashedSendBytes = 256 << 10;
 // What a lane keeps in flight (answers and payloads not yet answered) before it takes more
 // ops: enough to keep its socket full across a request's round trip, little enough that
 // the lanes of a batch share out its last ops.
-constexpr uint64_t kLaneBytesAhead = 1 << 20;
+constexpr uint64_t kLaneBytesAhead = 2 << 20;
 constexpr size_t kLaneOpsAhead = 3;
 
 // The first `bytes` of the buffers `iov`.
@@ -150,19 +150,22 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
     // The requests go out in gathered sends: one, or one per kHashedSendBytes of writes hashed
     // here, so that the kernel copies bytes the hash has just brought into this core's cache.
     // More ops are taken from the queue only while little is in flight (once under half of
-    // kLaneBytesAhead or kLaneOpsAhead ops, up to both), leaving the rest to whichever lane
-    // gets there first.
+    // kLaneBytesAhead or kLaneOpsAhead ops, up to both, and at most the lane's share of the
+    // batch at once), leaving the rest to whichever lane gets there first.
     iov.clear();
     uint64_t hashed_bytes = 0;
     const bool refill = in_flight < kLaneBytesAhead / 2 || sent - result.answered < kLaneOpsAhead;
+    size_t taken_now = 0;
     while (sent - result.answered < window) {
       if (first + sent == ops.size()) {
-        if (!refill || (in_flight >= kLaneBytesAhead && sent - result.answered >= kLaneOpsAhead)) {
+        if (!refill || taken_now == queue.share() ||
+            (in_flight >= kLaneBytesAhead && sent - result.answered >= kLaneOpsAhead)) {
           break;
         }
         TransferOp* taken = queue.Take();
         if (taken == nullptr) break;
         ops.push_back(taken);
+        ++taken_now;
       }
       TransferOp& op = *ops[first + sent];
       const bool write = op.opcode == wire::Opcode::kWrite;

@@ -62,7 +62,10 @@ class TcpTransport final : public Transport {
   // One segment's ops, taken one at a time by its lanes.
   class OpQueue {
    public:
-    OpQueue(std::vector<TransferOp*> ops, int lanes) : ops_(std::move(ops)), lanes_(lanes) {}
+    OpQueue(std::vector<TransferOp*> ops, int lanes)
+        : ops_(std::move(ops)), share_((ops_.size() + lanes - 1) / lanes), lanes_(lanes) {}
+    // Each lane's part of the ops if they were dealt out evenly: the most a lane takes at once.
+    size_t share() const { return share_; }
     // The next op no lane has taken, or null.
     TransferOp* Take() {
       size_t i = next_.fetch_add(1, std::memory_order_relaxed);
@@ -74,6 +77,7 @@ class TcpTransport final : public Transport {
 
    private:
     const std::vector<TransferOp*> ops_;
+    const size_t share_;
     std::atomic<size_t> next_{0};
     std::atomic<int> lanes_;
   };
