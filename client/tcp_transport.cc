@@ -137,8 +137,7 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
   PipelineResult result;
   const size_t window = static_cast<size_t>(std::max(1, options_.pipeline_window));
   std::vector<uint8_t> headers(window * wire::kRequestHeaderSize);
-  // Bytes of each op in flight (its answer's, or its payload's), by slot as `headers`.
-  std::vector<uint64_t> ahead(window);
+  // Bytes of the ops in flight: their answers', or their payloads'.
   uint64_t in_flight = 0;
   std::vector<iovec> iov;
   size_t sent = 0;  // of ops[first...], as result.answered
@@ -193,7 +192,6 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
           hashed_bytes += op.length;
         }
       }
-      ahead[sent % window] = op.length;
       in_flight += op.length;
       ++sent;
       if (hashed_bytes >= kHashedSendBytes) {
@@ -209,7 +207,7 @@ TcpTransport::PipelineResult TcpTransport::Pipeline(DataStream& stream, const st
     }
     if (result.answered == sent) return result;  // all answered, none left to take
     TransferOp& op = *ops[first + result.answered];
-    in_flight -= ahead[result.answered % window];
+    in_flight -= op.length;  // (as sent: a READ_KEY's is cut to its answer's only below)
     if (header_read < sizeof(response)) {
       iovec response_iov{response + header_read, sizeof(response) - header_read};
       result.io_error = stream.Recv(absl::MakeSpan(&response_iov, 1), deadline);

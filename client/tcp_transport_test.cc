@@ -191,6 +191,14 @@ TcpTransportOptions OneLane() {
   return options;
 }
 
+// Two connections per segment, driven side by side (the caller's thread and one more).
+TcpTransportOptions TwoLanes() {
+  TcpTransportOptions options;
+  options.connections_per_endpoint = 2;
+  options.threads = 1;
+  return options;
+}
+
 TEST(TcpTransportTest, PipelinedAnswersLandInTheirOwnBuffersAndAreHashed) {
   ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); });
   Reads reads = MakeReads(segment.endpoint(), 40, 3000);
@@ -311,11 +319,8 @@ TEST(TcpTransportTest, ALaneThatRunsFasterTakesMoreOfTheBatch) {
         return AnswerAll(requests);
       },
       /*dribble=*/false, /*rounds=*/true);
-  TcpTransportOptions options;
-  options.connections_per_endpoint = 2;
-  options.threads = 1;
   Reads reads = MakeReads(segment.endpoint(), 24, 256 << 10);
-  TcpTransport(options).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(20));
+  TcpTransport(TwoLanes()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(20));
   for (int i = 0; i < 24; ++i) {
     ASSERT_TRUE(reads.ops[i].status.ok()) << i << ": " << reads.ops[i].status;
     EXPECT_EQ(reads.buffers[i], ValueAt(1000u * i, 256 << 10)) << i;
@@ -329,11 +334,8 @@ TEST(TcpTransportTest, ALaneThatRunsFasterTakesMoreOfTheBatch) {
 // A segment that answers no lane: every op fails, those no lane took among them.
 TEST(TcpTransportTest, WhenEveryLaneGivesUpNoOpIsLeftWithoutAnAnswer) {
   ScriptedSegment segment([](int, const auto&) { return std::string(); });
-  TcpTransportOptions options;
-  options.connections_per_endpoint = 2;
-  options.threads = 1;
   Reads reads = MakeReads(segment.endpoint(), 12, 256 << 10);
-  TcpTransport(options).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(20));
+  TcpTransport(TwoLanes()).Execute(absl::MakeSpan(reads.ops), absl::Now() + absl::Seconds(20));
   for (int i = 0; i < 12; ++i) {
     EXPECT_EQ(ToErrorCode(reads.ops[i].status), ErrorCode::TRANSFER_FAIL)
         << i << ": " << reads.ops[i].status;
@@ -346,10 +348,7 @@ TEST(TcpTransportTest, WhenEveryLaneGivesUpNoOpIsLeftWithoutAnAnswer) {
 TEST(TcpTransportTest, PooledConnectionsClosedWhileIdleAreDroppedUntilAFreshOne) {
   ScriptedSegment segment([](int, const auto& requests) { return AnswerAll(requests); },
                           /*dribble=*/false, /*rounds=*/true);
-  TcpTransportOptions options;
-  options.connections_per_endpoint = 2;
-  options.threads = 1;
-  TcpTransport transport(options);
+  TcpTransport transport(TwoLanes());
   // Enough for both lanes: two pooled connections.
   Reads first = MakeReads(segment.endpoint(), 8, 256 << 10);
   transport.Execute(absl::MakeSpan(first.ops), absl::Now() + absl::Seconds(10));
