@@ -98,9 +98,12 @@ void MasterLink::Loop() {
     absl::Duration retry = locator_->single()
                                ? options_.retry_interval
                                : std::min(options_.retry_interval, absl::Milliseconds(200));
-    absl::Duration wait = failing ? retry : absl::ZeroDuration();
     absl::MutexLock lock(&mu_);
-    if (stopping_ || mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
+    if (stopping_) return;
+    // Not an Await with a zero timeout after a good heartbeat: that still blocks on a futex
+    // whose deadline has passed, a system call (and a chance to lose the core) between a
+    // heartbeat's answer and the next heartbeat, which acknowledges the commits it carried.
+    if (failing && mu_.AwaitWithTimeout(absl::Condition(&stopping_), retry)) return;
   }
 }
 
