@@ -35,7 +35,7 @@ case "$kind" in
     # rest (races TSan reports on memory gRPC hands between its uninstrumented threads).
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:exitcode=0:second_deadlock_stack=1:log_path=$root/build-tsan/tsan-reports/report}
     if [ $# -eq 0 ]; then
-      tests="master_test range_allocator_test auth_policy_test tenant_usage_test client_test pool_test store_semantics_test transport_test security_test"
+      tests="master_test range_allocator_test auth_policy_test tenant_usage_test client_test tcp_transport_test pool_test store_semantics_test transport_test security_test"
       : "${KVPOOL_SANITIZE_TARGETS:=$tests kvpool-master kvpool-segment kvpoolctl}"
       set -- -R "^(${tests// /|})\$"
     fi
