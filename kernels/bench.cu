@@ -849,6 +849,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   chunk512.chunk = 512;
   MlaDecodeOptions per_seq;  // the plan before spans
   per_seq.no_spans = true;
+  MlaDecodeOptions pf128, pf256, pf512;  // the producer's L2 prefetch distance
+  pf128.l2_prefetch_tokens = 128;
+  pf256.l2_prefetch_tokens = 256;
+  pf512.l2_prefetch_tokens = 512;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -880,6 +884,22 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"variant", 128, 1, 32768, 32768, DType::kBF16, chunk512, "chunk 512"},
       {"variant", 16, 64, 1024, 16384, DType::kBF16, per_seq, "per-sequence plan"},
       {"variant", 16, 64, 1024, 16384, e4, per_seq, "per-sequence plan"},
+      {"l2 prefetch", 128, 16, 8192, 8192, DType::kBF16, pf128, "L2 prefetch 128"},
+      {"l2 prefetch", 128, 16, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 128, 16, 8192, 8192, DType::kBF16, pf512, "L2 prefetch 512"},
+      {"l2 prefetch", 64, 16, 8192, 8192, DType::kBF16, pf128, "L2 prefetch 128"},
+      {"l2 prefetch", 64, 16, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 64, 16, 8192, 8192, DType::kBF16, pf512, "L2 prefetch 512"},
+      {"l2 prefetch", 64, 64, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 128, 64, 4096, 4096, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 128, 1, 32768, 32768, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 16, 1, 65536, 65536, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 16, 1, 65536, 65536, DType::kBF16, pf512, "L2 prefetch 512"},
+      {"l2 prefetch", 16, 64, 1024, 16384, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 16, 64, 1024, 16384, e4, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 32, 32, 1024, 16384, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 16, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"l2 prefetch", 32, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

@@ -64,8 +64,60 @@ struct MlaParams {
   int max_blocks_per_seq;
   int total_items;
   int chained;  // 1 (span plans): block i takes item i, then items[i].next; 0: the counter
+  int prefetch_tokens;  // tensor copies: the producer's L2 prefetch distance (0: none)
   float scale_log2;
   float v_scale;
+};
+
+// The producer's L2 prefetch (lane 0, tensor copies, MlaParams::prefetch_tokens > 0): while it
+// copies the piece at token offset `off` of its item, it asks the copy engine to bring the boxes
+// `prefetch_tokens` further on into L2, past the item's end in the item it takes next. The copy
+// of those pieces then reads L2, and more of the stream is in flight than the ring holds. The
+// next item's query goes to L2 with its first boxes.
+struct MlaPrefetcher {
+  const MlaParams* p;
+  int q_heads;  // heads per block: the query rows of an item
+  const int32_t* table;
+  int start, end;  // the current item's tokens
+  int span;        // its tokens rounded up to whole 64-token tiles: where the next item begins
+  int next;        // the item taken next (-1 or past the end: none)
+  bool next_read = false;
+  const int32_t* next_table = nullptr;
+  int next_start = 0, next_end = 0;
+
+  __device__ void Boxes(const int32_t* tab, int t0, int n, int e) const {
+    const int box = p->box_rows;
+    const int last_box = (e - 1) / box * box;
+    for (int h = 0; h < n && t0 + h < e; h += box) {
+      const int t = min(t0 + h, last_box);  // the coordinates the copies will use
+      const int blk = __ldg(tab + t / p->block_size);
+#pragma unroll
+      for (int j = 0; j < kMlaKDim / 64; ++j) {
+        detail::TmaPrefetch3D(&p->kv_map, 64 * j, t % p->block_size, blk);
+      }
+    }
+  }
+  // Tokens [off, off + n), counted from the item's start and on into the next item.
+  __device__ void At(int off, int n) {
+    if (off < span) {
+      Boxes(table, start + off, n, end);
+      return;
+    }
+    if (next < 0 || next >= p->total_items) return;
+    if (!next_read) {
+      const int4 wi = *reinterpret_cast<const int4*>(p->ws.items + next);
+      next_table = p->block_tables + size_t{1} * wi.x * p->max_blocks_per_seq;
+      next_start = wi.z;
+      next_end = max(next_start, min(p->seq_lens[wi.x], wi.w));
+      next_read = true;
+      if (next_end > next_start) {
+        const size_t row = size_t{1} * wi.x * p->num_heads + size_t{1} * wi.y * q_heads;
+        detail::BulkPrefetchL2(static_cast<const uint16_t*>(p->q) + row * kMlaKDim,
+                               q_heads * kMlaKDim * 2);
+      }
+    }
+    if (next_end > next_start) Boxes(next_table, next_start + off - span, n, next_end);
+  }
 };
 
 }  // namespace
@@ -170,6 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       return s;
     };
     int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
+    bool first_item = true;
     while (true) {
       if (item < 0 || item >= p.total_items) {
         if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
@@ -205,6 +258,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         // rows past the end), so no table entry beyond the sequence is read.
         const int box = p.box_rows;
         const int last_box = (end - 1) / box * box;
+        MlaPrefetcher ahead{&p, kN, table, start, end, nst * kStageTokens, item};
+        if (lane == 0 && first_item) {
+          for (int o = kS * kStageTokens; o < p.prefetch_tokens; o += kStageTokens) {
+            ahead.At(o, kStageTokens);
+          }
+        }
+        first_item = false;
         for (int k = 0; k < nst; ++k) {
           const uint32_t s = acquire();
           if (lane == 0) {
@@ -219,6 +279,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 detail::TmaLoad3D(dst + j * C::kSlabBytes + h * C::kSpan, &p.kv_map, 64 * j,
                                   t % p.block_size, blk, full + 8 * s);
               }
+            }
+            if (p.prefetch_tokens > 0) {
+              ahead.At(k * kStageTokens + p.prefetch_tokens, kStageTokens);
             }
           }
           __syncwarp();
@@ -793,6 +856,7 @@ constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the c
 struct MlaBasis {
   int heads_per_block = 0;
   bool tma = false;
+  int l2_prefetch_tokens = 0;
   SplitPlanInput in;
 };
 
@@ -801,6 +865,11 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
                           const MlaDecodeOptions& options, MlaBasis* basis) {
   if (KernelStatus st = MlaDecodeSupported(shape, q_type, kv_type); !st.ok()) return st;
   if (max_seq_len < 0) return KernelStatus::Refused("MlaDecode: max_seq_len is negative");
+  if (options.l2_prefetch_tokens % kTileTokens != 0) {
+    return KernelStatus::Refused("MlaDecode: l2_prefetch_tokens " +
+                                 std::to_string(options.l2_prefetch_tokens) +
+                                 " is not a multiple of 64");
+  }
   const bool fp8 = kv_type == DType::kFP8E4M3;
   const bool tma_ok =
       !options.row_copies && shape.block_size % 16 == 0 && TensorMapEncoder() != nullptr;
@@ -832,6 +901,8 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   }
   basis->heads_per_block = hpb;
   basis->tma = tma;
+  // L2 prefetch: none by default until a run on the H200 says otherwise.
+  basis->l2_prefetch_tokens = tma ? std::max(options.l2_prefetch_tokens, 0) : 0;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;
   in.units_per_seq = shape.num_heads / hpb;
@@ -911,6 +982,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   plan->max_seq_len = in.max_seq_len;
   plan->heads_per_block = basis.heads_per_block;
   plan->tma = basis.tma;
+  plan->l2_prefetch_tokens = basis.l2_prefetch_tokens;
   plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
@@ -946,6 +1018,7 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
   bool tma = plan.tma;
+  p.prefetch_tokens = tma ? plan.l2_prefetch_tokens : 0;
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
     if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;

@@ -28,6 +28,9 @@ struct MlaDecodeOptions {
                              // programmatic dependent (for comparison)
   bool no_spans = false;     // plan per sequence only, never equal spans per block (for
                              // comparison; SplitPlanInput::spans)
+  // Tokens the producer prefetches into L2 ahead of what it copies (tensor copies only; a
+  // multiple of 64): 0 the kernel's default, negative none.
+  int l2_prefetch_tokens = 0;
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.
@@ -38,6 +41,7 @@ struct MlaDecodePlan {
   int max_seq_len = 0;
   int heads_per_block = 0;
   bool tma = false;  // tensor copies
+  int l2_prefetch_tokens = 0;  // the producer's L2 prefetch distance (0: none)
   bool plain_merge = false;
   SplitPlan split;
   DecodeWorkspaceLayout layout;

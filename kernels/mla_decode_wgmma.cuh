@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       return s;
     };
     int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
+    bool first_item = true;
     while (true) {
       if (item < 0 || item >= p.total_items) {
         if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
@@ -117,6 +118,13 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
       const int box = p.box_rows;
       const int last_box = (end - 1) / box * box;
+      MlaPrefetcher ahead{&p, C::kHeads, table, start, end, ntiles * C::kTile, item};
+      if (lane == 0 && first_item) {
+        for (int o = C::kStages * C::kTile; o < p.prefetch_tokens; o += C::kTile) {
+          ahead.At(o, C::kTile);
+        }
+      }
+      first_item = false;
       for (int k = 0; k < ntiles; ++k) {
         const uint32_t s = acquire();
         if (lane == 0) {
@@ -132,6 +140,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
                                 t % p.block_size, blk, full + 8 * s);
             }
           }
+          if (p.prefetch_tokens > 0) ahead.At(k * C::kTile + p.prefetch_tokens, C::kTile);
         }
         __syncwarp();
         ++g;

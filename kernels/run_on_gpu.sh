@@ -69,7 +69,7 @@ if [[ " $steps " == *" ncu "* ]]; then
   for row in ${NCU_ROWS:-gqa:8:1:128:8192 mla:128:bf16:16:8192 mla:16:bf16:1:65536}; do
     echo "=== ncu $row"
     timeout 240 ncu --clock-control none --launch-skip 3 --launch-count 1 \
-      -k regex:'GqaDecodeKernel|MlaDecodeKernel' --section SpeedOfLight \
+      -k regex:'GqaDecodeKernel|MlaDecodeKernel|MlaWgmmaKernel' --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
       --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
       "$build/kvpool-kernels-bench" --only "$row" --reps 2 >"$out/ncu_${row//:/_}.txt" 2>&1
@@ -92,7 +92,7 @@ fi
 if [[ " $steps " == *" ncu-source "* ]]; then
   # Per-SASS-instruction warp stall samples of one MLA row: where the time goes.
   row=${NCU_SOURCE_ROW:-mla:128:bf16:16:8192}
-  timeout 300 ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:MlaDecodeKernel \
+  timeout 300 ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:'MlaDecodeKernel|MlaWgmmaKernel' \
     --section SourceCounters --section WarpStateStats --page source --csv \
     --print-source sass "$build/kvpool-kernels-bench" --only "$row" --reps 2 \
     >"$out/ncu_source.csv" 2>&1

@@ -1090,6 +1090,31 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, per_seq, "ragged-per-seq"}, rng));
   out.push_back(RunMlaCase(
       {128, 64, DType::kFP8E4M3, bf, ragged(2, 1000, 4000, 23), 0, {}, "matrix-128h-e4m3"}, rng));
+  // The producer's L2 prefetch (into the next item too): both kernels, spans and the counter,
+  // 16-token blocks (four copies per box row), e4m3, a distance longer than whole items.
+  MlaDecodeOptions pf;
+  pf.l2_prefetch_tokens = 256;
+  MlaDecodeOptions pf_by64 = by64;
+  pf_by64.l2_prefetch_tokens = 512;
+  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, pf_by64, "prefetch-wgmma-spans", true}, rng));
+  out.push_back(
+      RunMlaCase({128, 16, bf, bf, {5000, 77, 0, 300}, 0, pf_by64, "prefetch-wgmma"}, rng));
+  out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, pf, "prefetch-spans", true}, rng));
+  out.push_back(
+      RunMlaCase({16, 16, DType::kFP8E4M3, bf, {9000, 1, 130}, 0, pf, "prefetch-e4m3"}, rng));
+  {
+    CheckResult res;
+    res.name = "mla/l2 prefetch not a multiple of 64 is refused";
+    MlaDecodeOptions odd;
+    odd.l2_prefetch_tokens = 100;
+    const MlaDecodeShape shape{1, 16, 64, 4, 64 * kMlaKDim};
+    MlaDecodePlan plan;
+    const KernelStatus st =
+        PlanMlaDecode(shape, bf, bf, nullptr, 200, nullptr, 0, nullptr, &plan, odd);
+    res.ok = !st.ok() && st.reason.find("l2_prefetch_tokens") != std::string::npos;
+    res.detail = st.ok() ? "planned anyway" : st.reason;
+    out.push_back(res);
+  }
   return out;
 }
 
