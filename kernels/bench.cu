@@ -853,6 +853,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   pf128.l2_prefetch_tokens = 128;
   pf256.l2_prefetch_tokens = 256;
   pf512.l2_prefetch_tokens = 512;
+  MlaDecodeOptions queued, queued_pf;  // the wgmma kernel's next scores behind this P V
+  queued.queue_scores = true;
+  queued_pf = queued;
+  queued_pf.l2_prefetch_tokens = 256;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -900,6 +904,14 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"l2 prefetch", 32, 32, 1024, 16384, DType::kBF16, pf256, "L2 prefetch 256"},
       {"l2 prefetch", 16, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
       {"l2 prefetch", 32, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"queued scores", 128, 16, 8192, 8192, DType::kBF16, queued, "queued scores"},
+      {"queued scores", 64, 16, 8192, 8192, DType::kBF16, queued, "queued scores"},
+      {"queued scores", 64, 64, 8192, 8192, DType::kBF16, queued, "queued scores"},
+      {"queued scores", 128, 64, 4096, 4096, DType::kBF16, queued, "queued scores"},
+      {"queued scores", 128, 1, 32768, 32768, DType::kBF16, queued, "queued scores"},
+      {"queued scores", 128, 16, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
+      {"queued scores", 64, 16, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
+      {"queued scores", 64, 64, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

@@ -65,6 +65,7 @@ struct MlaParams {
   int total_items;
   int chained;  // 1 (span plans): block i takes item i, then items[i].next; 0: the counter
   int prefetch_tokens;  // tensor copies: the producer's L2 prefetch distance (0: none)
+  int queue_scores;     // wgmma kernel: the next tile's scores queued behind this tile's P V
   float scale_log2;
   float v_scale;
 };
@@ -983,6 +984,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   plan->heads_per_block = basis.heads_per_block;
   plan->tma = basis.tma;
   plan->l2_prefetch_tokens = basis.l2_prefetch_tokens;
+  plan->queue_scores = options.queue_scores && basis.heads_per_block == 64;
   plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
@@ -1019,6 +1021,7 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   p.v_scale = scales.v_scale;
   bool tma = plan.tma;
   p.prefetch_tokens = tma ? plan.l2_prefetch_tokens : 0;
+  p.queue_scores = plan.queue_scores ? 1 : 0;
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
     if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;

@@ -31,6 +31,8 @@ struct MlaDecodeOptions {
   // Tokens the producer prefetches into L2 ahead of what it copies (tensor copies only; a
   // multiple of 64): 0 the kernel's default, negative none.
   int l2_prefetch_tokens = 0;
+  bool queue_scores = false;  // wgmma kernel: issue the next tile's scores right behind this
+                              // tile's P V, in their own commit group (for comparison)
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.
@@ -42,6 +44,7 @@ struct MlaDecodePlan {
   int heads_per_block = 0;
   bool tma = false;  // tensor copies
   int l2_prefetch_tokens = 0;  // the producer's L2 prefetch distance (0: none)
+  bool queue_scores = false;
   bool plain_merge = false;
   SplitPlan split;
   DecodeWorkspaceLayout layout;

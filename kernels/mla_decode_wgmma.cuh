@@ -202,14 +202,16 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       if (lane == 0) detail::MbarArrive(empty + 8 * s0);
       ++g;
     }
-    for (int k = 0; k < ntiles; ++k) {
-      const uint32_t s = g % C::kStages;
-      detail::MbarWait(full + 8 * s, (g / C::kStages) & 1);
+    // 1. Waits for the stage of tile k (stage count gk), zeroes the value columns of its rows
+    // past the end (0 x NaN would poison the output), and issues S = Q K^T for this group's 32
+    // tokens into sc as one commit group.
+    float sc[16];
+    auto start_scores = [&](int k, uint32_t gk) {
+      const uint32_t s = gk % C::kStages;
+      detail::MbarWait(full + 8 * s, (gk / C::kStages) & 1);
       const uint32_t stage = base + s * C::kStageBytes;
-      const int tok0 = start + k * C::kTile;
-      const int valid = end - tok0;
+      const int valid = end - (start + k * C::kTile);
       if (valid < C::kTile) {
-        // Value columns of rows past the end: zero (0 x NaN would poison the output).
         constexpr int kRowPieces = 8 * 8;  // slabs 0-7, 8 pieces each
         for (int i = threadIdx.x; i < (C::kTile - valid) * kRowPieces; i += C::kConsumerThreads) {
           const int row = valid + i / kRowPieces, piece = i % kRowPieces;
@@ -218,9 +220,6 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
         detail::FenceProxyAsync();
         detail::NamedBarrier(kBar, C::kConsumerThreads);
       }
-
-      // 1. S = Q K^T for this group's 32 tokens.
-      float sc[16];
       detail::WgmmaFence();
 #pragma unroll
       for (int ks = 0; ks < kMlaKDim / 16; ++ks) {
@@ -230,6 +229,17 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
                                       ks > 0);
       }
       detail::WgmmaCommit();
+    };
+    // Queued: tile k + 1's scores are issued right behind tile k's P V (their own commit group),
+    // so the tensor cores go on while tile k's stage is handed back.
+    const bool queue = p.queue_scores != 0;
+    if (queue && ntiles > 0) start_scores(0, g);
+    for (int k = 0; k < ntiles; ++k) {
+      const uint32_t s = g % C::kStages;
+      const uint32_t stage = base + s * C::kStageBytes;
+      const int tok0 = start + k * C::kTile;
+      const int valid = end - tok0;
+      if (!queue) start_scores(k, g);
       detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(sc);
 
@@ -292,7 +302,12 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
             detail::WgmmaDesc(stage + 4 * wg * C::kSlabBytes + kk * 16 * 128, C::kSlabBytes, kSbo));
       }
       detail::WgmmaCommit();
-      detail::WgmmaWait<0>();
+      if (queue && k + 1 < ntiles) {
+        start_scores(k + 1, g + 1);
+        detail::WgmmaWait<1>();  // this tile's P V is done; the next tile's scores may run on
+      } else {
+        detail::WgmmaWait<0>();
+      }
       detail::WgmmaFenceOperands(o);
       __syncwarp();
       if (lane == 0) detail::MbarArrive(empty + 8 * s);

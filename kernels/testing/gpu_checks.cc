@@ -1102,6 +1102,15 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, pf, "prefetch-spans", true}, rng));
   out.push_back(
       RunMlaCase({16, 16, DType::kFP8E4M3, bf, {9000, 1, 130}, 0, pf, "prefetch-e4m3"}, rng));
+  // The wgmma kernel with the next tile's scores queued behind this tile's P V: partial last
+  // tiles (rows zeroed between the two), one-tile and empty items, splits, spans, fp16.
+  MlaDecodeOptions queued = by64;
+  queued.queue_scores = true;
+  out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 97}, 0, queued, "queued"}, rng));
+  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, queued, "queued"}, rng));
+  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, queued, "queued-spans", true}, rng));
+  queued.l2_prefetch_tokens = 256;
+  out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40, 20000}, 64, queued, "queued-l2"}, rng));
   {
     CheckResult res;
     res.name = "mla/l2 prefetch not a multiple of 64 is refused";
