@@ -853,6 +853,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   pf128.l2_prefetch_tokens = 128;
   pf256.l2_prefetch_tokens = 256;
   pf512.l2_prefetch_tokens = 512;
+  MlaDecodeOptions spans;  // equal spans even where the model sees less than 10% gain
+  spans.force_spans = true;
   MlaDecodeOptions queued, queued_pf;  // the wgmma kernel's next scores behind this P V
   queued.queue_scores = true;
   queued_pf = queued;
@@ -904,6 +906,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"l2 prefetch", 32, 32, 1024, 16384, DType::kBF16, pf256, "L2 prefetch 256"},
       {"l2 prefetch", 16, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
       {"l2 prefetch", 32, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"variant", 32, 32, 1024, 16384, DType::kBF16, spans, "spans forced"},
+      {"variant", 16, 64, 1024, 16384, DType::kBF16, spans, "spans forced"},
       {"queued scores", 128, 16, 8192, 8192, DType::kBF16, queued, "queued scores"},
       {"queued scores", 64, 16, 8192, 8192, DType::kBF16, queued, "queued scores"},
       {"queued scores", 64, 64, 8192, 8192, DType::kBF16, queued, "queued scores"},

@@ -922,6 +922,7 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   // up when others finish, which the model does not see.
   in.one_wave = true;
   in.spans = !options.no_spans;
+  in.force_spans = options.force_spans;
   in.forced_chunk = options.chunk;
   in.uniform = options.uniform;
   return KernelStatus::Ok();

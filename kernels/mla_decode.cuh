@@ -28,6 +28,7 @@ struct MlaDecodeOptions {
                              // programmatic dependent (for comparison)
   bool no_spans = false;     // plan per sequence only, never equal spans per block (for
                              // comparison; SplitPlanInput::spans)
+  bool force_spans = false;  // take equal spans whenever they fit (for comparison)
   // Tokens the producer prefetches into L2 ahead of what it copies (tensor copies only; a
   // multiple of 64): 0 the kernel's default, negative none.
   int l2_prefetch_tokens = 0;
