@@ -859,6 +859,11 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   queued.queue_scores = true;
   queued_pf = queued;
   queued_pf.l2_prefetch_tokens = 256;
+  MlaDecodeOptions lazy, lazy_all;  // O rescaled only when the max moves by more than 8
+  lazy.lazy_rescale = true;
+  lazy_all = lazy;
+  lazy_all.queue_scores = true;
+  lazy_all.l2_prefetch_tokens = 256;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -916,6 +921,14 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"queued scores", 128, 16, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
       {"queued scores", 64, 16, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
       {"queued scores", 64, 64, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
+      {"lazy rescale", 128, 16, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
+      {"lazy rescale", 64, 16, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
+      {"lazy rescale", 64, 64, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
+      {"lazy rescale", 128, 64, 4096, 4096, DType::kBF16, lazy, "lazy rescale"},
+      {"lazy rescale", 128, 16, 8192, 8192, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
+      {"lazy rescale", 64, 16, 8192, 8192, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
+      {"lazy rescale", 64, 64, 8192, 8192, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
+      {"lazy rescale", 128, 64, 4096, 4096, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
   };
   if (opt.quick) rows.resize(6);
   const int bs = 64;

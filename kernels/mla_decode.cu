@@ -66,6 +66,7 @@ struct MlaParams {
   int chained;  // 1 (span plans): block i takes item i, then items[i].next; 0: the counter
   int prefetch_tokens;  // tensor copies: the producer's L2 prefetch distance (0: none)
   int queue_scores;     // wgmma kernel: the next tile's scores queued behind this tile's P V
+  int lazy_rescale;     // wgmma kernel: the running max moves only by more than 8 (log2)
   float scale_log2;
   float v_scale;
 };
@@ -986,6 +987,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   plan->tma = basis.tma;
   plan->l2_prefetch_tokens = basis.l2_prefetch_tokens;
   plan->queue_scores = options.queue_scores && basis.heads_per_block == 64;
+  plan->lazy_rescale = options.lazy_rescale && basis.heads_per_block == 64;
   plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
@@ -1023,6 +1025,7 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   bool tma = plan.tma;
   p.prefetch_tokens = tma ? plan.l2_prefetch_tokens : 0;
   p.queue_scores = plan.queue_scores ? 1 : 0;
+  p.lazy_rescale = plan.lazy_rescale ? 1 : 0;
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
     if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;

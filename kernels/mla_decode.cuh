@@ -34,6 +34,8 @@ struct MlaDecodeOptions {
   int l2_prefetch_tokens = 0;
   bool queue_scores = false;  // wgmma kernel: issue the next tile's scores right behind this
                               // tile's P V, in their own commit group (for comparison)
+  bool lazy_rescale = false;  // wgmma kernel: move the running max only when a tile's exceeds
+                              // it by more than 8 (log2), so that most tiles skip O's rescale
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.
@@ -46,6 +48,7 @@ struct MlaDecodePlan {
   bool tma = false;  // tensor copies
   int l2_prefetch_tokens = 0;  // the producer's L2 prefetch distance (0: none)
   bool queue_scores = false;
+  bool lazy_rescale = false;
   bool plain_merge = false;
   SplitPlan split;
   DecodeWorkspaceLayout layout;

@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     // Queued: tile k + 1's scores are issued right behind tile k's P V (their own commit group),
     // so the tensor cores go on while tile k's stage is handed back.
     const bool queue = p.queue_scores != 0;
+    const bool lazy = p.lazy_rescale != 0;
     if (queue && ntiles > 0) start_scores(0, g);
     for (int k = 0; k < ntiles; ++k) {
       const uint32_t s = g % C::kStages;
@@ -269,8 +270,13 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       const int rows[2] = {r0, r1};
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        // Finite: token 0 of a tile is always valid.
-        m_new[e] = fmaxf(m_run[e], fmaxf(mx[e], wmax[(1 - wg) * 64 + rows[e]]));
+        // Finite: token 0 of a tile is always valid. Lazy rescaling keeps the running maximum
+        // unless the tile's exceeds it by more than 8 (log2 domain): the probabilities stay
+        // below 2^8, and most tiles then leave O as it is (alpha 1). Both groups and the four
+        // threads of a row decide alike (the same maxima).
+        const float tile_max = fmaxf(mx[e], wmax[(1 - wg) * 64 + rows[e]]);
+        const bool move = !lazy || tile_max > m_run[e] + 8.0f;  // always from -inf
+        m_new[e] = move ? fmaxf(m_run[e], tile_max) : m_run[e];
         alpha[e] = exp2f(m_run[e] - m_new[e]);
         m_run[e] = m_new[e];
         l_run[e] *= alpha[e];
@@ -292,8 +298,10 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       detail::NamedBarrier(kBar, C::kConsumerThreads);  // P complete; maxima read by both
 
       // 4. O = O * alpha + P V over this group's 256 value dims (slabs 4 wg .. 4 wg + 3).
+      if (!lazy || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      }
       detail::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < C::kTile / 16; ++kk) {

@@ -1111,6 +1111,15 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, queued, "queued-spans", true}, rng));
   queued.l2_prefetch_tokens = 256;
   out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40, 20000}, 64, queued, "queued-l2"}, rng));
+  // Lazy rescaling (the running max kept unless a tile's is more than 2^8 larger): alone, with
+  // the rest, and on fp16 (whose P saturates first).
+  MlaDecodeOptions lazy = by64;
+  lazy.lazy_rescale = true;
+  out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 9000}, 0, lazy, "lazy"}, rng));
+  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, lazy, "lazy"}, rng));
+  lazy.queue_scores = true;
+  lazy.l2_prefetch_tokens = 256;
+  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, lazy, "lazy-queued-l2-spans", true}, rng));
   {
     CheckResult res;
     res.name = "mla/l2 prefetch not a multiple of 64 is refused";
