@@ -1112,7 +1112,7 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   queued.l2_prefetch_tokens = 256;
   out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40, 20000}, 64, queued, "queued-l2"}, rng));
   // Lazy rescaling (the running max kept unless a tile's is more than 2^8 larger): alone, with
-  // the rest, and on fp16 (whose P saturates first).
+  // the rest, and on fp16 (P up to 2^8 in its narrower range).
   MlaDecodeOptions lazy = by64;
   lazy.lazy_rescale = true;
   out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 9000}, 0, lazy, "lazy"}, rng));
