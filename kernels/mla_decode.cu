@@ -120,6 +120,15 @@ struct MlaPrefetcher {
     }
     if (next_end > next_start) Boxes(next_table, next_start + off - span, n, next_end);
   }
+  // At the start of a block's first item: the pieces of `piece` tokens from the ring's first
+  // fill (`ring` tokens, copied at once) up to the distance, which Past below does not reach.
+  __device__ void Fill(int ring, int piece) {
+    for (int o = ring; o < p->prefetch_tokens; o += piece) At(o, piece);
+  }
+  // As the piece at token offset `off` is copied: the piece the distance further on.
+  __device__ void Past(int off, int piece) {
+    if (p->prefetch_tokens > 0) At(off + p->prefetch_tokens, piece);
+  }
 };
 
 }  // namespace
@@ -261,11 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int box = p.box_rows;
         const int last_box = (end - 1) / box * box;
         MlaPrefetcher ahead{&p, kN, table, start, end, nst * kStageTokens, item};
-        if (lane == 0 && first_item) {
-          for (int o = kS * kStageTokens; o < p.prefetch_tokens; o += kStageTokens) {
-            ahead.At(o, kStageTokens);
-          }
-        }
+        if (lane == 0 && first_item) ahead.Fill(kS * kStageTokens, kStageTokens);
         first_item = false;
         for (int k = 0; k < nst; ++k) {
           const uint32_t s = acquire();
@@ -282,9 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   t % p.block_size, blk, full + 8 * s);
               }
             }
-            if (p.prefetch_tokens > 0) {
-              ahead.At(k * kStageTokens + p.prefetch_tokens, kStageTokens);
-            }
+            ahead.Past(k * kStageTokens, kStageTokens);
           }
           __syncwarp();
           ++g;

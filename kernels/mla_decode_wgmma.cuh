@@ -119,11 +119,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       const int box = p.box_rows;
       const int last_box = (end - 1) / box * box;
       MlaPrefetcher ahead{&p, C::kHeads, table, start, end, ntiles * C::kTile, item};
-      if (lane == 0 && first_item) {
-        for (int o = C::kStages * C::kTile; o < p.prefetch_tokens; o += C::kTile) {
-          ahead.At(o, C::kTile);
-        }
-      }
+      if (lane == 0 && first_item) ahead.Fill(C::kStages * C::kTile, C::kTile);
       first_item = false;
       for (int k = 0; k < ntiles; ++k) {
         const uint32_t s = acquire();
@@ -140,7 +136,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
                                 t % p.block_size, blk, full + 8 * s);
             }
           }
-          if (p.prefetch_tokens > 0) ahead.At(k * C::kTile + p.prefetch_tokens, C::kTile);
+          ahead.Past(k * C::kTile, C::kTile);
         }
         __syncwarp();
         ++g;
@@ -238,8 +234,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     for (int k = 0; k < ntiles; ++k) {
       const uint32_t s = g % C::kStages;
       const uint32_t stage = base + s * C::kStageBytes;
-      const int tok0 = start + k * C::kTile;
-      const int valid = end - tok0;
+      const int valid = end - (start + k * C::kTile);
       if (!queue) start_scores(k, g);
       detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(sc);
