@@ -93,17 +93,18 @@ void MasterLink::Loop() {
       KVPOOL_LOG(INFO) << "master " << master() << " answers again";
     }
     failing = !status.ok();
-    // A heartbeat paces itself (the master holds it); failures wait before retrying.
-    // Among several masters, a new leader is found sooner.
-    absl::Duration retry = locator_->single()
-                               ? options_.retry_interval
-                               : std::min(options_.retry_interval, absl::Milliseconds(200));
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    // Not an Await with a zero timeout after a good heartbeat: that still blocks on a futex
-    // whose deadline has passed, a system call (and a chance to lose the core) between a
-    // heartbeat's answer and the next heartbeat, which acknowledges the commits it carried.
-    if (failing && mu_.AwaitWithTimeout(absl::Condition(&stopping_), retry)) return;
+    // A heartbeat paces itself (the master holds it), so a good one is followed by the next at
+    // once: no Await with a zero timeout, which still blocks on a futex whose deadline has
+    // passed, a system call (and a chance to lose the core) between a heartbeat's answer and
+    // the next heartbeat, which acknowledges the commits it carried.
+    if (!failing) continue;
+    // Failures wait before retrying; among several masters, a new leader is found sooner.
+    const absl::Duration retry = locator_->single()
+                                     ? options_.retry_interval
+                                     : std::min(options_.retry_interval, absl::Milliseconds(200));
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), retry)) return;
   }
 }
 
