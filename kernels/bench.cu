@@ -859,6 +859,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   queued.queue_scores = true;
   queued_pf = queued;
   queued_pf.l2_prefetch_tokens = 256;
+  MlaDecodeOptions seesaw, seesaw_pf;  // the warpgroups taking turns (mla_decode_seesaw.cuh)
+  seesaw.seesaw = true;
+  seesaw_pf = seesaw;
+  seesaw_pf.l2_prefetch_tokens = 256;
   MlaDecodeOptions lazy, lazy_all;  // O rescaled only when the max moves by more than 8
   lazy.lazy_rescale = true;
   lazy_all = lazy;
@@ -876,6 +880,15 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"matrix", 128, 1, 32768, 32768},
       {"full context", 64, 64, 8192, 8192},
       {"full context", 128, 64, 4096, 4096},
+      {"seesaw", 128, 16, 8192, 8192, DType::kBF16, seesaw, "seesaw"},
+      {"seesaw", 64, 16, 8192, 8192, DType::kBF16, seesaw, "seesaw"},
+      {"seesaw", 64, 64, 8192, 8192, DType::kBF16, seesaw, "seesaw"},
+      {"seesaw", 128, 64, 4096, 4096, DType::kBF16, seesaw, "seesaw"},
+      {"seesaw", 128, 1, 32768, 32768, DType::kBF16, seesaw, "seesaw"},
+      {"seesaw", 128, 16, 8192, 8192, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
+      {"seesaw", 64, 16, 8192, 8192, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
+      {"seesaw", 64, 64, 8192, 8192, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
+      {"seesaw", 128, 64, 4096, 4096, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
       {"lazy rescale", 128, 16, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
       {"lazy rescale", 64, 16, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
       {"lazy rescale", 64, 64, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},

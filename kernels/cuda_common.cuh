@@ -219,5 +219,10 @@ __device__ __forceinline__ void FenceProxyAsync() {
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the threads that wait there use NamedBarrier
+// with the same count: arrivals and waits together make `threads`).
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 }  // namespace kvpool::kernels::detail

@@ -135,6 +135,7 @@ struct MlaPrefetcher {
 }  // namespace kvpool::kernels
 
 #include "kernels/mla_decode_wgmma.cuh"  // 64 heads per block on wgmma (MlaWgmmaKernel)
+#include "kernels/mla_decode_seesaw.cuh"  // ... with the warpgroups taking turns (opt-in)
 
 namespace kvpool::kernels {
 namespace {
@@ -752,6 +753,9 @@ using MlaLauncher = MlaKernelLauncher<MlaDecodeKernel<KV, kQBf16, kN, kTma>, kTh
 template <bool kBf16>
 using MlaWgLauncher =
     MlaKernelLauncher<MlaWgmmaKernel<kBf16>, MlaWgConfig::kThreads, MlaWgConfig::kSmemBytes, kBf16>;
+template <bool kBf16>
+using MlaSeesawLauncher = MlaKernelLauncher<MlaSeesawKernel<kBf16>, MlaSeesawConfig::kThreads,
+                                            MlaSeesawConfig::kSmemBytes, kBf16>;
 
 // The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
@@ -803,7 +807,8 @@ constexpr bool kHaveWgmma = false;
 // spilled registers and measured slower; 64 heads per block is the wgmma kernel: 16-bit caches,
 // tensor copies, sm_90a).
 template <typename F>
-bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma, F&& f) {
+bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma, bool seesaw,
+                     F&& f) {
   auto by_heads = [&](auto kv, auto qbf16) {
     using KV = decltype(kv);
     constexpr bool kQBf16 = decltype(qbf16)::value;
@@ -828,7 +833,11 @@ bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma,
     }
     if (heads_per_block == 64 && tma && kHaveWgmma) {
       if constexpr (!kFp8) {
-        f(MlaWgLauncher<kQBf16>{});
+        if (seesaw) {
+          f(MlaSeesawLauncher<kQBf16>{});
+        } else {
+          f(MlaWgLauncher<kQBf16>{});
+        }
         return true;
       }
     }
@@ -896,7 +905,7 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   }
   const bool tma = tma_ok && !(fp8 && hpb == 32);
   int ctas = 0;
-  WithMlaLauncher(q_type, kv_type, hpb, tma,
+  WithMlaLauncher(q_type, kv_type, hpb, tma, options.seesaw && hpb == 64,
                   [&](auto launcher) { ctas = decltype(launcher)::ResidentCtas(); });
   if (ctas <= 0) {
     const cudaError_t e = cudaGetLastError();
@@ -991,6 +1000,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   plan->l2_prefetch_tokens = basis.l2_prefetch_tokens;
   plan->queue_scores = options.queue_scores && basis.heads_per_block == 64;
   plan->lazy_rescale = options.lazy_rescale && basis.heads_per_block == 64;
+  plan->seesaw = options.seesaw && basis.heads_per_block == 64;
   plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
@@ -1031,7 +1041,8 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   p.lazy_rescale = plan.lazy_rescale ? 1 : 0;
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
-    if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;
+    // The wgmma kernel's stages are 64 tokens, the seesaw kernel's 32.
+    if (plan.heads_per_block == 64 && !plan.seesaw && p.block_size % 64 == 0) p.box_rows = 64;
     tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16);
     if (!tma) {
       return KernelStatus::Refused("RunMlaDecode: the copy engine refused the cache's tensor map");
@@ -1039,7 +1050,7 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   }
   cudaError_t e = cudaSuccess;
   const bool found =
-      WithMlaLauncher(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
+      WithMlaLauncher(plan.q_type, plan.kv_type, plan.heads_per_block, tma, plan.seesaw,
                       [&](auto launcher) { e = decltype(launcher)::Run(plan, p, stream); });
   if (!found) return KernelStatus::Refused("RunMlaDecode: the plan names no kernel");
   if (e != cudaSuccess) {

@@ -36,6 +36,8 @@ struct MlaDecodeOptions {
                               // tile's P V, in their own commit group (for comparison)
   bool lazy_rescale = false;  // wgmma kernel: move the running max only when a tile's exceeds
                               // it by more than 8 (log2), so that most tiles skip O's rescale
+  bool seesaw = false;  // 64 heads per block: the wgmma kernel whose two warpgroups take turns
+                        // (one's softmax beside the other's MMAs; mla_decode_seesaw.cuh)
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.
@@ -49,6 +51,7 @@ struct MlaDecodePlan {
   int l2_prefetch_tokens = 0;  // the producer's L2 prefetch distance (0: none)
   bool queue_scores = false;
   bool lazy_rescale = false;
+  bool seesaw = false;
   bool plain_merge = false;
   SplitPlan split;
   DecodeWorkspaceLayout layout;

@@ -1120,6 +1120,18 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   lazy.queue_scores = true;
   lazy.l2_prefetch_tokens = 256;
   out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, lazy, "lazy-queued-l2-spans", true}, rng));
+  // The seesaw kernel (the warpgroups take turns over pairs of 32-token tiles): odd and even
+  // tile counts, one-token and empty items, partial tiles, 16-token blocks (16-row boxes),
+  // splits, spans, fp16, padded blocks with the L2 prefetch.
+  MlaDecodeOptions seesaw = by64;
+  seesaw.seesaw = true;
+  out.push_back(
+      RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 97, 32, 33}, 0, seesaw, "seesaw"}, rng));
+  out.push_back(RunMlaCase({64, 64, b16, b16, {20000, 3, 0, 129}, 0, seesaw, "seesaw"}, rng));
+  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, seesaw, "seesaw"}, rng));
+  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, seesaw, "seesaw-spans", true}, rng));
+  seesaw.l2_prefetch_tokens = 256;
+  out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40, 20000}, 64, seesaw, "seesaw-l2"}, rng));
   {
     CheckResult res;
     res.name = "mla/l2 prefetch not a multiple of 64 is refused";
