@@ -46,7 +46,7 @@ struct Options {
   std::string csv;
   bool quick = false;
   std::string only;  // "gqa:QO:KV:BATCH:HI" or "mla:HEADS:KV:BATCH:HI": just that row (ncu)
-  std::string rows;  // "matrix,spans": only the GQA rows whose "group, note" holds one of these
+  std::string rows;  // "matrix,spans": only the rows whose "group, note" holds one of these
   int reps = 0;      // overrides the number of timed runs
 };
 
@@ -506,6 +506,27 @@ const char* KvName(DType t) {
   return t == DType::kBF16 ? "bf16" : (t == DType::kFP16 ? "fp16" : "e4m3");
 }
 
+// The rows whose label ("group, note") holds one of the comma-separated strings of `filter`
+// (all rows if it is empty).
+template <typename Row>
+std::vector<Row> KeptRows(const std::vector<Row>& rows, const std::string& filter) {
+  if (filter.empty()) return rows;
+  std::vector<Row> kept;
+  for (const Row& r : rows) {
+    const std::string label = std::string(r.group) + ", " + r.note;
+    size_t from = 0;
+    while (from <= filter.size()) {
+      const size_t to = std::min(filter.find(',', from), filter.size());
+      if (label.find(filter.substr(from, to - from)) != std::string::npos) {
+        kept.push_back(r);
+        break;
+      }
+      from = to + 1;
+    }
+  }
+  return kept;
+}
+
 std::vector<GqaRow> GqaRows(const Options& opt) {
   const DType e4 = DType::kFP8E4M3;
   const Layout bf = Layout::kBlocksFirst;
@@ -688,23 +709,7 @@ std::vector<GqaRow> GqaRows(const Options& opt) {
         },
         o, "1 warp per kv head");
   }
-  if (!opt.rows.empty()) {
-    // Keep the rows whose label ("group, note") holds one of the comma-separated strings.
-    std::vector<GqaRow> kept;
-    for (const GqaRow& r : rows) {
-      const std::string label = std::string(r.group) + ", " + r.note;
-      size_t from = 0;
-      while (from <= opt.rows.size()) {
-        const size_t to = std::min(opt.rows.find(',', from), opt.rows.size());
-        if (label.find(opt.rows.substr(from, to - from)) != std::string::npos) {
-          kept.push_back(r);
-          break;
-        }
-        from = to + 1;
-      }
-    }
-    rows = kept;
-  }
+  rows = KeptRows(rows, opt.rows);
   if (opt.quick) rows.resize(std::min<size_t>(rows.size(), 6));
   return rows;
 }
@@ -943,7 +948,8 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"variant", 32, 32, 1024, 16384, DType::kBF16, spans, "spans forced"},
       {"variant", 16, 64, 1024, 16384, DType::kBF16, spans, "spans forced"},
   };
-  if (opt.quick) rows.resize(6);
+  rows = KeptRows(rows, opt.rows);
+  if (opt.quick) rows.resize(std::min<size_t>(rows.size(), 6));
   const int bs = 64;
   const int64_t max_tokens = int64_t{128} * 8192;
   const int64_t num_blocks = max_tokens / bs * 2;  // room to shuffle

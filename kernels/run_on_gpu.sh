@@ -12,7 +12,8 @@
 # gives the time of each kernel of a split row's launch (attention, then merge) on the rows
 # that fall furthest below the ceiling, whose times the bench only reports together.
 # KVPOOL_CHECKS=copy (or gqa, mla, a comma list) runs only those families of checks.
-# KVPOOL_BENCH_ROWS="matrix,spans" keeps only the GQA rows whose label holds one of these.
+# KVPOOL_BENCH_ROWS="matrix,spans" keeps only the GQA and MLA rows whose label holds one of
+# these.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-out}
@@ -53,7 +54,8 @@ if [[ " $steps " == *" bench-attn "* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench-mla "* ]]; then
-  timeout 300 "$build/kvpool-kernels-bench" --sections mla 2>&1 | tee "$out/bench_mla.md"
+  timeout 300 "$build/kvpool-kernels-bench" --sections mla \
+    ${KVPOOL_BENCH_ROWS:+--rows "$KVPOOL_BENCH_ROWS"} 2>&1 | tee "$out/bench_mla.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" bench-gqa "* ]]; then
