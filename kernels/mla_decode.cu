@@ -804,8 +804,8 @@ constexpr bool kHaveWgmma = false;
 
 // Calls f(Launcher{}) with the launcher of the kernel for these types, heads per block and copy
 // kind; false where there is none (e4m3 at 32 heads per block has no tensor-copy build: it
-// spilled registers and measured slower; 64 heads per block is the wgmma kernel: 16-bit caches,
-// tensor copies, sm_90a).
+// spilled registers and measured slower; 64 heads per block is the wgmma kernel, or with
+// `seesaw` the seesaw kernel: 16-bit caches, tensor copies, sm_90a).
 template <typename F>
 bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma, bool seesaw,
                      F&& f) {
