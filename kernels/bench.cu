@@ -854,25 +854,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
   chunk512.chunk = 512;
   MlaDecodeOptions per_seq;  // the plan before spans
   per_seq.no_spans = true;
-  MlaDecodeOptions pf128, pf256, pf512;  // the producer's L2 prefetch distance
-  pf128.l2_prefetch_tokens = 128;
-  pf256.l2_prefetch_tokens = 256;
-  pf512.l2_prefetch_tokens = 512;
   MlaDecodeOptions spans;  // equal spans even where the model sees less than 10% gain
   spans.force_spans = true;
-  MlaDecodeOptions queued, queued_pf;  // the wgmma kernel's next scores behind this P V
-  queued.queue_scores = true;
-  queued_pf = queued;
-  queued_pf.l2_prefetch_tokens = 256;
-  MlaDecodeOptions seesaw, seesaw_pf;  // the warpgroups taking turns (mla_decode_seesaw.cuh)
-  seesaw.seesaw = true;
-  seesaw_pf = seesaw;
-  seesaw_pf.l2_prefetch_tokens = 256;
-  MlaDecodeOptions lazy, lazy_all;  // O rescaled only when the max moves by more than 8
-  lazy.lazy_rescale = true;
-  lazy_all = lazy;
-  lazy_all.queue_scores = true;
-  lazy_all.l2_prefetch_tokens = 256;
+  MlaDecodeOptions eager;  // the wgmma kernel's O rescaled at every new maximum
+  eager.eager_rescale = true;
   std::vector<MlaRow> rows = {
       {"matrix", 128, 16, 8192, 8192},
       {"matrix", 128, 16, 8192, 8192, e4},
@@ -885,47 +870,10 @@ void BenchMla(const Options& opt, const Ceiling& ceil, FILE* csv) {
       {"matrix", 128, 1, 32768, 32768},
       {"full context", 64, 64, 8192, 8192},
       {"full context", 128, 64, 4096, 4096},
-      {"seesaw", 128, 16, 8192, 8192, DType::kBF16, seesaw, "seesaw"},
-      {"seesaw", 64, 16, 8192, 8192, DType::kBF16, seesaw, "seesaw"},
-      {"seesaw", 64, 64, 8192, 8192, DType::kBF16, seesaw, "seesaw"},
-      {"seesaw", 128, 64, 4096, 4096, DType::kBF16, seesaw, "seesaw"},
-      {"seesaw", 128, 1, 32768, 32768, DType::kBF16, seesaw, "seesaw"},
-      {"seesaw", 128, 16, 8192, 8192, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
-      {"seesaw", 64, 16, 8192, 8192, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
-      {"seesaw", 64, 64, 8192, 8192, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
-      {"seesaw", 128, 64, 4096, 4096, DType::kBF16, seesaw_pf, "seesaw, L2 256"},
-      {"lazy rescale", 128, 16, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
-      {"lazy rescale", 64, 16, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
-      {"lazy rescale", 64, 64, 8192, 8192, DType::kBF16, lazy, "lazy rescale"},
-      {"lazy rescale", 128, 64, 4096, 4096, DType::kBF16, lazy, "lazy rescale"},
-      {"lazy rescale", 128, 16, 8192, 8192, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
-      {"lazy rescale", 64, 16, 8192, 8192, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
-      {"lazy rescale", 64, 64, 8192, 8192, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
-      {"lazy rescale", 128, 64, 4096, 4096, DType::kBF16, lazy_all, "lazy, queued, L2 256"},
-      {"queued scores", 128, 16, 8192, 8192, DType::kBF16, queued, "queued scores"},
-      {"queued scores", 64, 16, 8192, 8192, DType::kBF16, queued, "queued scores"},
-      {"queued scores", 64, 64, 8192, 8192, DType::kBF16, queued, "queued scores"},
-      {"queued scores", 128, 64, 4096, 4096, DType::kBF16, queued, "queued scores"},
-      {"queued scores", 128, 1, 32768, 32768, DType::kBF16, queued, "queued scores"},
-      {"queued scores", 128, 16, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
-      {"queued scores", 64, 16, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
-      {"queued scores", 64, 64, 8192, 8192, DType::kBF16, queued_pf, "queued scores, L2 256"},
-      {"l2 prefetch", 128, 16, 8192, 8192, DType::kBF16, pf128, "L2 prefetch 128"},
-      {"l2 prefetch", 128, 16, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 128, 16, 8192, 8192, DType::kBF16, pf512, "L2 prefetch 512"},
-      {"l2 prefetch", 64, 16, 8192, 8192, DType::kBF16, pf128, "L2 prefetch 128"},
-      {"l2 prefetch", 64, 16, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 64, 16, 8192, 8192, DType::kBF16, pf512, "L2 prefetch 512"},
-      {"l2 prefetch", 64, 64, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 128, 64, 4096, 4096, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 128, 1, 32768, 32768, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 16, 1, 65536, 65536, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 16, 1, 65536, 65536, DType::kBF16, pf512, "L2 prefetch 512"},
-      {"l2 prefetch", 16, 64, 1024, 16384, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 16, 64, 1024, 16384, e4, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 32, 32, 1024, 16384, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 16, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
-      {"l2 prefetch", 32, 128, 8192, 8192, DType::kBF16, pf256, "L2 prefetch 256"},
+      {"eager rescale", 128, 16, 8192, 8192, DType::kBF16, eager, "eager rescale"},
+      {"eager rescale", 64, 16, 8192, 8192, DType::kBF16, eager, "eager rescale"},
+      {"eager rescale", 64, 64, 8192, 8192, DType::kBF16, eager, "eager rescale"},
+      {"eager rescale", 128, 64, 4096, 4096, DType::kBF16, eager, "eager rescale"},
       {"full context", 16, 128, 8192, 8192},
       {"full context", 32, 128, 8192, 8192},
       {"full context", 16, 128, 8192, 8192, e4},

@@ -193,18 +193,6 @@ __device__ __forceinline__ void TmaLoad3D(uint32_t dst, const void* map, int c0,
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
-// Asks the copy engine to bring `bytes` (a multiple of 16) at 16-byte aligned `src` into L2.
-__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-// Asks the copy engine to bring one box of the tensor map into L2 (no shared memory, no
-// barrier): a later TmaLoad3D of the same box then reads L2 instead of memory.
-__device__ __forceinline__ void TmaPrefetch3D(const void* map, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
 __device__ __forceinline__ void StShared16Zero(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
 }
@@ -218,11 +206,6 @@ __device__ __forceinline__ void FenceProxyAsync() {
 // Named barrier over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Arrives at named barrier `id` without waiting (the threads that wait there use NamedBarrier
-// with the same count: arrivals and waits together make `threads`).
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace kvpool::kernels::detail

@@ -64,78 +64,15 @@ struct MlaParams {
   int max_blocks_per_seq;
   int total_items;
   int chained;  // 1 (span plans): block i takes item i, then items[i].next; 0: the counter
-  int prefetch_tokens;  // tensor copies: the producer's L2 prefetch distance (0: none)
-  int queue_scores;     // wgmma kernel: the next tile's scores queued behind this tile's P V
-  int lazy_rescale;     // wgmma kernel: the running max moves only by more than 8 (log2)
+  int lazy_rescale;  // wgmma kernel: the running max moves only by more than 8 (log2)
   float scale_log2;
   float v_scale;
-};
-
-// The producer's L2 prefetch (lane 0, tensor copies, MlaParams::prefetch_tokens > 0): while it
-// copies the piece at token offset `off` of its item, it asks the copy engine to bring the boxes
-// `prefetch_tokens` further on into L2, past the item's end in the item it takes next. The copy
-// of those pieces then reads L2, and more of the stream is in flight than the ring holds. The
-// next item's query goes to L2 with its first boxes.
-struct MlaPrefetcher {
-  const MlaParams* p;
-  int q_heads;  // heads per block: the query rows of an item
-  const int32_t* table;
-  int start, end;  // the current item's tokens
-  int span;        // its tokens rounded up to whole 64-token tiles: where the next item begins
-  int next;        // the item taken next (-1 or past the end: none)
-  bool next_read = false;
-  const int32_t* next_table = nullptr;
-  int next_start = 0, next_end = 0;
-
-  __device__ void Boxes(const int32_t* tab, int t0, int n, int e) const {
-    const int box = p->box_rows;
-    const int last_box = (e - 1) / box * box;
-    for (int h = 0; h < n && t0 + h < e; h += box) {
-      const int t = min(t0 + h, last_box);  // the coordinates the copies will use
-      const int blk = __ldg(tab + t / p->block_size);
-#pragma unroll
-      for (int j = 0; j < kMlaKDim / 64; ++j) {
-        detail::TmaPrefetch3D(&p->kv_map, 64 * j, t % p->block_size, blk);
-      }
-    }
-  }
-  // Tokens [off, off + n), counted from the item's start and on into the next item.
-  __device__ void At(int off, int n) {
-    if (off < span) {
-      Boxes(table, start + off, n, end);
-      return;
-    }
-    if (next < 0 || next >= p->total_items) return;
-    if (!next_read) {
-      const int4 wi = *reinterpret_cast<const int4*>(p->ws.items + next);
-      next_table = p->block_tables + size_t{1} * wi.x * p->max_blocks_per_seq;
-      next_start = wi.z;
-      next_end = max(next_start, min(p->seq_lens[wi.x], wi.w));
-      next_read = true;
-      if (next_end > next_start) {
-        const size_t row = size_t{1} * wi.x * p->num_heads + size_t{1} * wi.y * q_heads;
-        detail::BulkPrefetchL2(static_cast<const uint16_t*>(p->q) + row * kMlaKDim,
-                               q_heads * kMlaKDim * 2);
-      }
-    }
-    if (next_end > next_start) Boxes(next_table, next_start + off - span, n, next_end);
-  }
-  // At the start of a block's first item: the pieces of `piece` tokens from the ring's first
-  // fill (`ring` tokens, copied at once) up to the distance, which Past below does not reach.
-  __device__ void Fill(int ring, int piece) {
-    for (int o = ring; o < p->prefetch_tokens; o += piece) At(o, piece);
-  }
-  // As the piece at token offset `off` is copied: the piece the distance further on.
-  __device__ void Past(int off, int piece) {
-    if (p->prefetch_tokens > 0) At(off + p->prefetch_tokens, piece);
-  }
 };
 
 }  // namespace
 }  // namespace kvpool::kernels
 
 #include "kernels/mla_decode_wgmma.cuh"  // 64 heads per block on wgmma (MlaWgmmaKernel)
-#include "kernels/mla_decode_seesaw.cuh"  // ... with the warpgroups taking turns (opt-in)
 
 namespace kvpool::kernels {
 namespace {
@@ -234,7 +171,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       return s;
     };
     int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
-    bool first_item = true;
     while (true) {
       if (item < 0 || item >= p.total_items) {
         if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
@@ -270,9 +206,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         // rows past the end), so no table entry beyond the sequence is read.
         const int box = p.box_rows;
         const int last_box = (end - 1) / box * box;
-        MlaPrefetcher ahead{&p, kN, table, start, end, nst * kStageTokens, item};
-        if (lane == 0 && first_item) ahead.Fill(kS * kStageTokens, kStageTokens);
-        first_item = false;
         for (int k = 0; k < nst; ++k) {
           const uint32_t s = acquire();
           if (lane == 0) {
@@ -288,7 +221,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   t % p.block_size, blk, full + 8 * s);
               }
             }
-            ahead.Past(k * kStageTokens, kStageTokens);
           }
           __syncwarp();
           ++g;
@@ -753,9 +685,6 @@ using MlaLauncher = MlaKernelLauncher<MlaDecodeKernel<KV, kQBf16, kN, kTma>, kTh
 template <bool kBf16>
 using MlaWgLauncher =
     MlaKernelLauncher<MlaWgmmaKernel<kBf16>, MlaWgConfig::kThreads, MlaWgConfig::kSmemBytes, kBf16>;
-template <bool kBf16>
-using MlaSeesawLauncher = MlaKernelLauncher<MlaSeesawKernel<kBf16>, MlaSeesawConfig::kThreads,
-                                            MlaSeesawConfig::kSmemBytes, kBf16>;
 
 // The copy engine's tensor-map encoder, from the driver through the runtime (null if absent).
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
@@ -804,11 +733,10 @@ constexpr bool kHaveWgmma = false;
 
 // Calls f(Launcher{}) with the launcher of the kernel for these types, heads per block and copy
 // kind; false where there is none (e4m3 at 32 heads per block has no tensor-copy build: it
-// spilled registers and measured slower; 64 heads per block is the wgmma kernel, or with
-// `seesaw` the seesaw kernel: 16-bit caches, tensor copies, sm_90a).
+// spilled registers and measured slower; 64 heads per block is the wgmma kernel: 16-bit caches,
+// tensor copies, sm_90a).
 template <typename F>
-bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma, bool seesaw,
-                     F&& f) {
+bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma, F&& f) {
   auto by_heads = [&](auto kv, auto qbf16) {
     using KV = decltype(kv);
     constexpr bool kQBf16 = decltype(qbf16)::value;
@@ -833,11 +761,7 @@ bool WithMlaLauncher(DType q_type, DType kv_type, int heads_per_block, bool tma,
     }
     if (heads_per_block == 64 && tma && kHaveWgmma) {
       if constexpr (!kFp8) {
-        if (seesaw) {
-          f(MlaSeesawLauncher<kQBf16>{});
-        } else {
-          f(MlaWgLauncher<kQBf16>{});
-        }
+        f(MlaWgLauncher<kQBf16>{});
         return true;
       }
     }
@@ -870,7 +794,6 @@ constexpr double kReadBytesPerUs = 4.6e6;  // the H200's read ceiling, for the c
 struct MlaBasis {
   int heads_per_block = 0;
   bool tma = false;
-  int l2_prefetch_tokens = 0;
   SplitPlanInput in;
 };
 
@@ -879,11 +802,6 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
                           const MlaDecodeOptions& options, MlaBasis* basis) {
   if (KernelStatus st = MlaDecodeSupported(shape, q_type, kv_type); !st.ok()) return st;
   if (max_seq_len < 0) return KernelStatus::Refused("MlaDecode: max_seq_len is negative");
-  if (options.l2_prefetch_tokens % kTileTokens != 0) {
-    return KernelStatus::Refused("MlaDecode: l2_prefetch_tokens " +
-                                 std::to_string(options.l2_prefetch_tokens) +
-                                 " is not a multiple of 64");
-  }
   const bool fp8 = kv_type == DType::kFP8E4M3;
   const bool tma_ok =
       !options.row_copies && shape.block_size % 16 == 0 && TensorMapEncoder() != nullptr;
@@ -905,7 +823,7 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   }
   const bool tma = tma_ok && !(fp8 && hpb == 32);
   int ctas = 0;
-  WithMlaLauncher(q_type, kv_type, hpb, tma, options.seesaw && hpb == 64,
+  WithMlaLauncher(q_type, kv_type, hpb, tma,
                   [&](auto launcher) { ctas = decltype(launcher)::ResidentCtas(); });
   if (ctas <= 0) {
     const cudaError_t e = cudaGetLastError();
@@ -915,8 +833,6 @@ KernelStatus MakeMlaBasis(const MlaDecodeShape& shape, DType q_type, DType kv_ty
   }
   basis->heads_per_block = hpb;
   basis->tma = tma;
-  // L2 prefetch: none by default until a run on the H200 says otherwise.
-  basis->l2_prefetch_tokens = tma ? std::max(options.l2_prefetch_tokens, 0) : 0;
   SplitPlanInput& in = basis->in;
   in.batch = shape.batch;
   in.units_per_seq = shape.num_heads / hpb;
@@ -997,10 +913,7 @@ KernelStatus PlanMlaDecode(const MlaDecodeShape& shape, DType q_type, DType kv_t
   plan->max_seq_len = in.max_seq_len;
   plan->heads_per_block = basis.heads_per_block;
   plan->tma = basis.tma;
-  plan->l2_prefetch_tokens = basis.l2_prefetch_tokens;
-  plan->queue_scores = options.queue_scores && basis.heads_per_block == 64;
-  plan->lazy_rescale = options.lazy_rescale && basis.heads_per_block == 64;
-  plan->seesaw = options.seesaw && basis.heads_per_block == 64;
+  plan->lazy_rescale = !options.eager_rescale && basis.heads_per_block == 64;
   plan->plain_merge = options.plain_merge;
   plan->workspace = workspace;
   if (cudaError_t e = detail::UploadPlan(plan->split, plan->layout, workspace, stream);
@@ -1036,13 +949,10 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   p.scale_log2 = scales.sm_scale * scales.k_scale * detail::kLog2e;
   p.v_scale = scales.v_scale;
   bool tma = plan.tma;
-  p.prefetch_tokens = tma ? plan.l2_prefetch_tokens : 0;
-  p.queue_scores = plan.queue_scores ? 1 : 0;
   p.lazy_rescale = plan.lazy_rescale ? 1 : 0;
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
-    // The wgmma kernel's stages are 64 tokens, the seesaw kernel's 32.
-    if (plan.heads_per_block == 64 && !plan.seesaw && p.block_size % 64 == 0) p.box_rows = 64;
+    if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;
     tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16);
     if (!tma) {
       return KernelStatus::Refused("RunMlaDecode: the copy engine refused the cache's tensor map");
@@ -1050,7 +960,7 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   }
   cudaError_t e = cudaSuccess;
   const bool found =
-      WithMlaLauncher(plan.q_type, plan.kv_type, plan.heads_per_block, tma, plan.seesaw,
+      WithMlaLauncher(plan.q_type, plan.kv_type, plan.heads_per_block, tma,
                       [&](auto launcher) { e = decltype(launcher)::Run(plan, p, stream); });
   if (!found) return KernelStatus::Refused("RunMlaDecode: the plan names no kernel");
   if (e != cudaSuccess) {

@@ -29,15 +29,10 @@ struct MlaDecodeOptions {
   bool no_spans = false;     // plan per sequence only, never equal spans per block (for
                              // comparison; SplitPlanInput::spans)
   bool force_spans = false;  // take equal spans whenever they fit (for comparison)
-  // Tokens the producer prefetches into L2 ahead of what it copies (tensor copies only; a
-  // multiple of 64): 0 the kernel's default, negative none.
-  int l2_prefetch_tokens = 0;
-  bool queue_scores = false;  // wgmma kernel: issue the next tile's scores right behind this
-                              // tile's P V, in their own commit group (for comparison)
-  bool lazy_rescale = false;  // wgmma kernel: move the running max only when a tile's exceeds
-                              // it by more than 8 (log2), so that most tiles skip O's rescale
-  bool seesaw = false;  // 64 heads per block: the wgmma kernel whose two warpgroups take turns
-                        // (one's softmax beside the other's MMAs; mla_decode_seesaw.cuh)
+  // The wgmma kernel moves a row's running max only when a tile's exceeds it by more than 8
+  // (log2), so that most tiles skip O's rescale; eager_rescale moves it at every new maximum
+  // (for comparison).
+  bool eager_rescale = false;
 };
 
 // A launch plan (see GqaDecodePlan): items already written into the workspace it was given.
@@ -48,10 +43,7 @@ struct MlaDecodePlan {
   int max_seq_len = 0;
   int heads_per_block = 0;
   bool tma = false;  // tensor copies
-  int l2_prefetch_tokens = 0;  // the producer's L2 prefetch distance (0: none)
-  bool queue_scores = false;
-  bool lazy_rescale = false;
-  bool seesaw = false;
+  bool lazy_rescale = false;  // the wgmma kernel's running max moves only by more than 8
   bool plain_merge = false;
   SplitPlan split;
   DecodeWorkspaceLayout layout;

@@ -65,7 +65,6 @@ __device__ __forceinline__ void MlaTmaProducer(const MlaParams& p, uint32_t base
     return s;
   };
   int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
-  bool first_item = true;
   while (true) {
     if (item < 0 || item >= p.total_items) {
       if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
@@ -96,9 +95,6 @@ __device__ __forceinline__ void MlaTmaProducer(const MlaParams& p, uint32_t base
     const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
     const int box = p.box_rows;
     const int last_box = (end - 1) / box * box;
-    MlaPrefetcher ahead{&p, C::kHeads, table, start, end, ntiles * C::kTile, item};
-    if (lane == 0 && first_item) ahead.Fill(C::kStages * C::kTile, C::kTile);
-    first_item = false;
     for (int k = 0; k < ntiles; ++k) {
       const uint32_t s = acquire();
       if (lane == 0) {
@@ -114,7 +110,6 @@ __device__ __forceinline__ void MlaTmaProducer(const MlaParams& p, uint32_t base
                               t % p.block_size, blk, full + 8 * s);
           }
         }
-        ahead.Past(k * C::kTile, C::kTile);
       }
       __syncwarp();
       ++g;
@@ -234,16 +229,12 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       }
       detail::WgmmaCommit();
     };
-    // Queued: tile k + 1's scores are issued right behind tile k's P V (their own commit group),
-    // so the tensor cores go on while tile k's stage is handed back.
-    const bool queue = p.queue_scores != 0;
     const bool lazy = p.lazy_rescale != 0;
-    if (queue && ntiles > 0) start_scores(0, g);
     for (int k = 0; k < ntiles; ++k) {
       const uint32_t s = g % C::kStages;
       const uint32_t stage = base + s * C::kStageBytes;
       const int valid = end - (start + k * C::kTile);
-      if (!queue) start_scores(k, g);
+      start_scores(k, g);
       detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(sc);
 
@@ -313,12 +304,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
             detail::WgmmaDesc(stage + 4 * wg * C::kSlabBytes + kk * 16 * 128, C::kSlabBytes, kSbo));
       }
       detail::WgmmaCommit();
-      if (queue && k + 1 < ntiles) {
-        start_scores(k + 1, g + 1);
-        detail::WgmmaWait<1>();  // this tile's P V is done; the next tile's scores may run on
-      } else {
-        detail::WgmmaWait<0>();
-      }
+      detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(o);
       __syncwarp();
       if (lane == 0) detail::MbarArrive(empty + 8 * s);

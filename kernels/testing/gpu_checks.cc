@@ -1090,61 +1090,14 @@ std::vector<CheckResult> CheckMlaDecode(uint64_t seed) {
   out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, per_seq, "ragged-per-seq"}, rng));
   out.push_back(RunMlaCase(
       {128, 64, DType::kFP8E4M3, bf, ragged(2, 1000, 4000, 23), 0, {}, "matrix-128h-e4m3"}, rng));
-  // The producer's L2 prefetch (into the next item too): both kernels, spans and the counter,
-  // 16-token blocks (four copies per box row), e4m3, a distance longer than whole items.
-  MlaDecodeOptions pf;
-  pf.l2_prefetch_tokens = 256;
-  MlaDecodeOptions pf_by64 = by64;
-  pf_by64.l2_prefetch_tokens = 512;
-  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, pf_by64, "prefetch-wgmma-spans", true}, rng));
-  out.push_back(
-      RunMlaCase({128, 16, bf, bf, {5000, 77, 0, 300}, 0, pf_by64, "prefetch-wgmma"}, rng));
-  out.push_back(RunMlaCase({16, 64, bf, bf, many, 0, pf, "prefetch-spans", true}, rng));
-  out.push_back(
-      RunMlaCase({16, 16, DType::kFP8E4M3, bf, {9000, 1, 130}, 0, pf, "prefetch-e4m3"}, rng));
-  // The wgmma kernel with the next tile's scores queued behind this tile's P V: partial last
-  // tiles (rows zeroed between the two), one-tile and empty items, splits, spans, fp16.
-  MlaDecodeOptions queued = by64;
-  queued.queue_scores = true;
-  out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 97}, 0, queued, "queued"}, rng));
-  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, queued, "queued"}, rng));
-  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, queued, "queued-spans", true}, rng));
-  queued.l2_prefetch_tokens = 256;
-  out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40, 20000}, 64, queued, "queued-l2"}, rng));
-  // Lazy rescaling (the running max kept unless a tile's is more than 2^8 larger): alone, with
-  // the rest, and on fp16 (P up to 2^8 in its narrower range).
-  MlaDecodeOptions lazy = by64;
-  lazy.lazy_rescale = true;
-  out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 9000}, 0, lazy, "lazy"}, rng));
-  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, lazy, "lazy"}, rng));
-  lazy.queue_scores = true;
-  lazy.l2_prefetch_tokens = 256;
-  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, lazy, "lazy-queued-l2-spans", true}, rng));
-  // The seesaw kernel (the warpgroups take turns over pairs of 32-token tiles): odd and even
-  // tile counts, one-token and empty items, partial tiles, 16-token blocks (16-row boxes),
-  // splits, spans, fp16, padded blocks with the L2 prefetch.
-  MlaDecodeOptions seesaw = by64;
-  seesaw.seesaw = true;
-  out.push_back(
-      RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 97, 32, 33}, 0, seesaw, "seesaw"}, rng));
-  out.push_back(RunMlaCase({64, 64, b16, b16, {20000, 3, 0, 129}, 0, seesaw, "seesaw"}, rng));
-  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, seesaw, "seesaw"}, rng));
-  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, seesaw, "seesaw-spans", true}, rng));
-  seesaw.l2_prefetch_tokens = 256;
-  out.push_back(RunMlaCase({128, 32, b16, b16, {3000, 40, 20000}, 64, seesaw, "seesaw-l2"}, rng));
-  {
-    CheckResult res;
-    res.name = "mla/l2 prefetch not a multiple of 64 is refused";
-    MlaDecodeOptions odd;
-    odd.l2_prefetch_tokens = 100;
-    const MlaDecodeShape shape{1, 16, 64, 4, 64 * kMlaKDim};
-    MlaDecodePlan plan;
-    const KernelStatus st =
-        PlanMlaDecode(shape, bf, bf, nullptr, 200, nullptr, 0, nullptr, &plan, odd);
-    res.ok = !st.ok() && st.reason.find("l2_prefetch_tokens") != std::string::npos;
-    res.detail = st.ok() ? "planned anyway" : st.reason;
-    out.push_back(res);
-  }
+  // The wgmma kernel's rescale: lazy (the default: the running max kept unless a tile's is more
+  // than 2^8 larger) on fp16, whose range is narrower, and eager (at every new maximum) on
+  // partial last tiles, one-token and empty items, splits and spans.
+  out.push_back(RunMlaCase({128, 16, f16, f16, {5000, 77, 129}, 0, by64, "lazy"}, rng));
+  MlaDecodeOptions eager = by64;
+  eager.eager_rescale = true;
+  out.push_back(RunMlaCase({64, 64, b16, b16, {1, 64, 65, 190, 0, 9000}, 0, eager, "eager"}, rng));
+  out.push_back(RunMlaCase({64, 64, bf, bf, many, 0, eager, "eager-spans", true}, rng));
   return out;
 }
 
