@@ -50,7 +50,7 @@ __device__ __forceinline__ uint32_t Swz128(int row, int piece) {
   return row * 128 + 16 * (piece ^ (row & 7));
 }
 
-// The producer of the wgmma kernels (lane `lane` of one warp): one stage per C::kTile-token tile;
+// The wgmma kernel's producer (lane `lane` of one warp): one stage per C::kTile-token tile;
 // an item of no tokens gets one stage without bytes; a stage naming item -1 ends the consumers.
 // Boxes past the last token repeat the last valid box (the consumers zero those rows), so no
 // table entry beyond the sequence is read. `full` and `empty` are the stages' barriers (8 bytes
