@@ -50,73 +50,6 @@ __device__ __forceinline__ uint32_t Swz128(int row, int piece) {
   return row * 128 + 16 * (piece ^ (row & 7));
 }
 
-// The wgmma kernel's producer (lane `lane` of one warp): one stage per C::kTile-token tile;
-// an item of no tokens gets one stage without bytes; a stage naming item -1 ends the consumers.
-// Boxes past the last token repeat the last valid box (the consumers zero those rows), so no
-// table entry beyond the sequence is read. `full` and `empty` are the stages' barriers (8 bytes
-// apart), `meta` the item of each stage.
-template <typename C>
-__device__ __forceinline__ void MlaTmaProducer(const MlaParams& p, uint32_t base, uint32_t full,
-                                               uint32_t empty, int* meta, int lane) {
-  uint32_t g = 0;
-  auto acquire = [&]() {
-    const uint32_t s = g % C::kStages;
-    if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
-    return s;
-  };
-  int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
-  while (true) {
-    if (item < 0 || item >= p.total_items) {
-      if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
-      const uint32_t s = acquire();
-      if (lane == 0) {
-        meta[s] = -1;
-        detail::MbarArriveCount(full + 8 * s, 1);
-      }
-      return;
-    }
-    const int cur = item;
-    const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);
-    const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
-    item = next;
-    const int b = wi.x;
-    const int start = wi.z;
-    const int end = max(start, min(p.seq_lens[b], wi.w));
-    const int ntiles = (end - start + C::kTile - 1) / C::kTile;
-    if (ntiles == 0) {
-      const uint32_t s = acquire();
-      if (lane == 0) {
-        meta[s] = cur;
-        detail::MbarArriveCount(full + 8 * s, 1);
-      }
-      ++g;
-      continue;
-    }
-    const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
-    const int box = p.box_rows;
-    const int last_box = (end - 1) / box * box;
-    for (int k = 0; k < ntiles; ++k) {
-      const uint32_t s = acquire();
-      if (lane == 0) {
-        meta[s] = cur;
-        detail::MbarArriveExpectTx(full + 8 * s, C::kTile * kMlaKDim * 2);
-        const uint32_t dst = base + s * C::kStageBytes;
-        for (int h = 0; h < C::kTile; h += box) {
-          const int t = min(start + k * C::kTile + h, last_box);
-          const int blk = __ldg(table + t / p.block_size);
-#pragma unroll
-          for (int j = 0; j < C::kSlabs; ++j) {
-            detail::TmaLoad3D(dst + j * C::kSlabBytes + h * 128, &p.kv_map, 64 * j,
-                              t % p.block_size, blk, full + 8 * s);
-          }
-        }
-      }
-      __syncwarp();
-      ++g;
-    }
-  }
-}
-
 template <bool kBf16>
 __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     MlaWgmmaKernel(const __grid_constant__ MlaParams p) {
@@ -144,7 +77,66 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     // warpgroups: 2 x 128 x 232 + 128 x 40 <= 65536); one warp of it copies.
     detail::WarpgroupRegDealloc<40>();
     if (warp != C::kConsumerWarps) return;
-    MlaTmaProducer<C>(p, base, full, empty, meta, lane);
+    // Producer: one stage per 64-token tile; an item of no tokens gets one stage without bytes;
+    // a stage naming item -1 ends the consumers. Boxes past the last token repeat the last valid
+    // box (the consumers zero those rows), so no table entry beyond the sequence is read.
+    uint32_t g = 0;
+    auto acquire = [&]() {
+      const uint32_t s = g % C::kStages;
+      if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
+      return s;
+    };
+    int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
+    while (true) {
+      if (item < 0 || item >= p.total_items) {
+        if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
+        const uint32_t s = acquire();
+        if (lane == 0) {
+          meta[s] = -1;
+          detail::MbarArriveCount(full + 8 * s, 1);
+        }
+        break;
+      }
+      const int cur = item;
+      const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);
+      const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
+      item = next;
+      const int b = wi.x;
+      const int start = wi.z;
+      const int end = max(start, min(p.seq_lens[b], wi.w));
+      const int ntiles = (end - start + C::kTile - 1) / C::kTile;
+      if (ntiles == 0) {
+        const uint32_t s = acquire();
+        if (lane == 0) {
+          meta[s] = cur;
+          detail::MbarArriveCount(full + 8 * s, 1);
+        }
+        ++g;
+        continue;
+      }
+      const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
+      const int box = p.box_rows;
+      const int last_box = (end - 1) / box * box;
+      for (int k = 0; k < ntiles; ++k) {
+        const uint32_t s = acquire();
+        if (lane == 0) {
+          meta[s] = cur;
+          detail::MbarArriveExpectTx(full + 8 * s, C::kTile * kMlaKDim * 2);
+          const uint32_t dst = base + s * C::kStageBytes;
+          for (int h = 0; h < C::kTile; h += box) {
+            const int t = min(start + k * C::kTile + h, last_box);
+            const int blk = __ldg(table + t / p.block_size);
+#pragma unroll
+            for (int j = 0; j < C::kSlabs; ++j) {
+              detail::TmaLoad3D(dst + j * C::kSlabBytes + h * 128, &p.kv_map, 64 * j,
+                                t % p.block_size, blk, full + 8 * s);
+            }
+          }
+        }
+        __syncwarp();
+        ++g;
+      }
+    }
     return;
   }
 
