@@ -9,10 +9,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 
 namespace kvpool::testing {
 
@@ -107,7 +110,35 @@ absl::StatusOr<std::string> Process::WaitForLine(absl::string_view prefix, absl:
   }
 }
 
-void Process::Signal(int signal_number) { kill(pid_, signal_number); }
+namespace {
+
+// Whether every thread of `pid` is stopped (or gone): kill() returns once SIGSTOP is queued,
+// and a thread running on another core goes on until it next enters the kernel.
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;  // the thread exited
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos || close + 2 >= line.size()) continue;
+    const char state = line[close + 2];
+    if (state != 'T' && state != 't' && state != 'Z' && state != 'X') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Process::Signal(int signal_number) {
+  kill(pid_, signal_number);
+  if (signal_number != SIGSTOP) return;
+  // A test that stops a server expects it stopped when this returns, not a moment later.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!AllThreadsStopped(pid_) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+}
 
 int Process::Wait() {
   if (!reaped_) {

@@ -33,6 +33,7 @@ class Process {
   absl::StatusOr<std::string> WaitForLine(absl::string_view prefix, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // SIGSTOP returns once every thread of the process is stopped (at most 5 s).
   void Signal(int signal_number);
   // Waits for the process to exit and returns its wait status (see waitpid).
   int Wait();
