@@ -22,6 +22,14 @@
 
 #include "kernels/wgmma.cuh"
 
+// Cycles per phase of the loops below, for kernels/tools/mla_phases.cu only: that file defines
+// KVPOOL_MLA_PHASES and MlaPhaseMark before it includes mla_decode.cu. Elsewhere no code.
+#ifdef KVPOOL_MLA_PHASES
+#define KVPOOL_MLA_PHASE(i) MlaPhaseMark(i)
+#else
+#define KVPOOL_MLA_PHASE(i) ((void)0)
+#endif
+
 namespace kvpool::kernels {
 namespace {
 
@@ -77,6 +85,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     // warpgroups: 2 x 128 x 232 + 128 x 40 <= 65536); one warp of it copies.
     detail::WarpgroupRegDealloc<40>();
     if (warp != C::kConsumerWarps) return;
+    KVPOOL_MLA_PHASE(-1);
     // Producer: one stage per 64-token tile; an item of no tokens gets one stage without bytes;
     // a stage naming item -1 ends the consumers. Boxes past the last token repeat the last valid
     // box (the consumers zero those rows), so no table entry beyond the sequence is read.
@@ -95,12 +104,14 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
           meta[s] = -1;
           detail::MbarArriveCount(full + 8 * s, 1);
         }
+        KVPOOL_MLA_PHASE(-2);
         break;
       }
       const int cur = item;
       const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);
       const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
       item = next;
+      KVPOOL_MLA_PHASE(2);
       const int b = wi.x;
       const int start = wi.z;
       const int end = max(start, min(p.seq_lens[b], wi.w));
@@ -119,6 +130,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       const int last_box = (end - 1) / box * box;
       for (int k = 0; k < ntiles; ++k) {
         const uint32_t s = acquire();
+        KVPOOL_MLA_PHASE(0);
         if (lane == 0) {
           meta[s] = cur;
           detail::MbarArriveExpectTx(full + 8 * s, C::kTile * kMlaKDim * 2);
@@ -134,6 +146,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
           }
         }
         __syncwarp();
+        KVPOOL_MLA_PHASE(1);
         ++g;
       }
     }
@@ -141,6 +154,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
   }
 
   detail::WarpgroupRegAlloc<232>();
+  KVPOOL_MLA_PHASE(-1);
   // Consumers. Warpgroup wg, warp w4 in it: accumulator rows (heads) r0 = 16 w4 + lane / 4 and
   // r1 = r0 + 8; S columns (tokens 32 wg + ...) and O columns (value dims 256 wg + ...) 8j + 2q
   // and + 1 for n8-block j.
@@ -159,6 +173,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
   while (true) {
     const uint32_t s0 = g % C::kStages;
     detail::MbarWait(full + 8 * s0, (g / C::kStages) & 1);
+    KVPOOL_MLA_PHASE(0);
     const int item = meta[s0];
     if (item < 0) break;
     const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + item);
@@ -182,6 +197,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       detail::FenceProxyAsync();  // generic writes, read by wgmma (the async proxy)
     }
     detail::NamedBarrier(kBar, C::kConsumerThreads);
+    KVPOOL_MLA_PHASE(1);
 
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float o[128];
@@ -200,6 +216,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     auto start_scores = [&](int k, uint32_t gk) {
       const uint32_t s = gk % C::kStages;
       detail::MbarWait(full + 8 * s, (gk / C::kStages) & 1);
+      KVPOOL_MLA_PHASE(2);
       const uint32_t stage = base + s * C::kStageBytes;
       const int valid = end - (start + k * C::kTile);
       if (valid < C::kTile) {
@@ -220,6 +237,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
                                       ks > 0);
       }
       detail::WgmmaCommit();
+      KVPOOL_MLA_PHASE(3);
     };
     const bool lazy = p.lazy_rescale != 0;
     for (int k = 0; k < ntiles; ++k) {
@@ -229,6 +247,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       start_scores(k, g);
       detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(sc);
+      KVPOOL_MLA_PHASE(4);
 
       // 2. Scale and mask; row maxima of this group, then of the tile (both groups).
       float mx[2] = {-INFINITY, -INFINITY};
@@ -251,7 +270,9 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
         wmax[wg * 64 + r0] = mx[0];
         wmax[wg * 64 + r1] = mx[1];
       }
+      KVPOOL_MLA_PHASE(5);
       detail::NamedBarrier(kBar, C::kConsumerThreads);
+      KVPOOL_MLA_PHASE(6);
       float alpha[2], m_new[2];
       const int rows[2] = {r0, r1};
 #pragma unroll
@@ -281,7 +302,9 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
             detail::PackFloat2<kBf16>(p2, p3);
       }
       detail::FenceProxyAsync();
+      KVPOOL_MLA_PHASE(7);
       detail::NamedBarrier(kBar, C::kConsumerThreads);  // P complete; maxima read by both
+      KVPOOL_MLA_PHASE(8);
 
       // 4. O = O * alpha + P V over this group's 256 value dims (slabs 4 wg .. 4 wg + 3).
       if (!lazy || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
@@ -296,8 +319,10 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
             detail::WgmmaDesc(stage + 4 * wg * C::kSlabBytes + kk * 16 * 128, C::kSlabBytes, kSbo));
       }
       detail::WgmmaCommit();
+      KVPOOL_MLA_PHASE(9);
       detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(o);
+      KVPOOL_MLA_PHASE(10);
       __syncwarp();
       if (lane == 0) detail::MbarArrive(empty + 8 * s);
       ++g;
@@ -355,7 +380,9 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
         }
       }
     }
+    KVPOOL_MLA_PHASE(11);
   }
+  KVPOOL_MLA_PHASE(-2);
 }
 
 }  // namespace

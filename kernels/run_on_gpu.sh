@@ -4,13 +4,15 @@
 # Logs and tables go to $OUT (or ./gpu-out).
 #
 #   bash kernels/run_on_gpu.sh [check] [bench] [bench-copy] [bench-attn] [sdpa] [bench-mla]
-#                              [bench-gqa] [ncu] [ncu-split] [ncu-source]
+#                              [bench-gqa] [ncu] [ncu-split] [ncu-source] [phases]
 #   (default: check bench sdpa; bench-copy: the block copies only; bench-attn: the read ceiling
 #   and the attention matrix only;
 #   bench-mla / bench-gqa: the read ceiling and the MLA / GQA rows)
 # ncu profiles a few rows of the benchmark (hardware counters; clocks left alone); ncu-split
 # gives the time of each kernel of a split row's launch (attention, then merge) on the rows
 # that fall furthest below the ceiling, whose times the bench only reports together.
+# phases: cycles per phase of the wgmma MLA kernel's loops and the rates of its wgmma shapes
+# (kvpool-mla-phases; MLA_PHASE_ROWS="heads:batch:len ..." picks the rows).
 # KVPOOL_CHECKS=copy (or gqa, mla, a comma list) runs only those families of checks.
 # KVPOOL_BENCH_ROWS="matrix,spans" keeps only the GQA and MLA rows whose label holds one of
 # these.
@@ -61,6 +63,10 @@ fi
 if [[ " $steps " == *" bench-gqa "* ]]; then
   timeout 300 "$build/kvpool-kernels-bench" --sections gqa \
     ${KVPOOL_BENCH_ROWS:+--rows "$KVPOOL_BENCH_ROWS"} 2>&1 | tee "$out/bench_gqa.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" phases "* ]]; then
+  timeout 200 "$build/kvpool-mla-phases" ${MLA_PHASE_ROWS:-} 2>&1 | tee "$out/mla_phases.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
