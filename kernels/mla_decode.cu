@@ -49,6 +49,7 @@ constexpr unsigned kFull = 0xffffffffu;
 
 struct MlaParams {
   CUtensorMap kv_map;  // the cache as [num_blocks][block_size][576] for tensor copies
+  CUtensorMap q_map;   // the query as [batch][num_heads][576], boxes of [64 heads][64] (wgmma)
   int box_rows;        // rows per tensor copy: 64 (wgmma kernel only), 32, or 16
   const void* q;
   const uint8_t* kv;
@@ -722,6 +723,23 @@ bool EncodeKvMap(MlaParams& p, int eb, bool bf16) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Describes the query to the copy engine as [batch][num_heads][576] 16-bit elements, boxes of
+// [64 heads][64], 128-byte swizzled: the wgmma kernel's query slabs.
+bool EncodeQMap(MlaParams& p, bool bf16) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {kMlaKDim, static_cast<cuuint64_t>(p.num_heads),
+                              static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[2] = {cuuint64_t{kMlaKDim} * 2,
+                                 cuuint64_t{kMlaKDim} * 2 * static_cast<cuuint64_t>(p.num_heads)};
+  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  return encode(&p.q_map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                3, const_cast<void*>(p.q), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <bool kV>
 using Bool = std::integral_constant<bool, kV>;
 
@@ -953,7 +971,8 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
     if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;
-    tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16);
+    tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16) &&
+          (plan.heads_per_block != 64 || EncodeQMap(p, plan.q_type == DType::kBF16));
     if (!tma) {
       return KernelStatus::Refused("RunMlaDecode: the copy engine refused the cache's tensor map");
     }

@@ -48,8 +48,9 @@ struct MlaWgConfig {
   static constexpr int kMaxOffset = kPOffset + kSlabBytes;         // [2 groups][64 heads] floats
   static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;
   static constexpr int kMetaOffset = kSumOffset + 2 * 64 * 4;
-  static constexpr int kBarOffset = kMetaOffset + 16;
-  static constexpr int kSmemBytes = kBarOffset + 16 * kStages + 1024;  // + alignment slack
+  static constexpr int kBarOffset = kMetaOffset + 16;  // full[kStages], empty[kStages], q full,
+                                                       // q empty
+  static constexpr int kSmemBytes = kBarOffset + 16 * kStages + 16 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -69,12 +70,16 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
   const uint32_t base = detail::SmemAddr(smem);
   const uint32_t full = base + C::kBarOffset;    // stage filled (one arrival + the bytes)
   const uint32_t empty = full + 8 * C::kStages;  // stage read by all eight consumer warps
+  const uint32_t q_full = empty + 8 * C::kStages;  // an item's query copied (the bytes)
+  const uint32_t q_empty = q_full + 8;  // the item's last scores done (every consumer warp)
   int* meta = reinterpret_cast<int*>(smem + C::kMetaOffset);
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       detail::MbarInit(full + 8 * s, 1);
       detail::MbarInit(empty + 8 * s, C::kConsumerWarps);
     }
+    detail::MbarInit(q_full, 1);
+    detail::MbarInit(q_empty, C::kConsumerWarps);
     detail::FenceBarrierInit();
   }
   detail::LaunchDependents();
@@ -88,8 +93,11 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     KVPOOL_MLA_PHASE(-1);
     // Producer: one stage per 64-token tile; an item of no tokens gets one stage without bytes;
     // a stage naming item -1 ends the consumers. Boxes past the last token repeat the last valid
-    // box (the consumers zero those rows), so no table entry beyond the sequence is read.
-    uint32_t g = 0;
+    // box (the consumers zero those rows), so no table entry beyond the sequence is read. After
+    // an item's first tile it copies the item's query (nine slabs, like a stage) once the
+    // consumers are done with the previous one. A tile's block-table entries are read before
+    // its stage is free, so their latency hides behind that wait.
+    uint32_t g = 0, nq = 0;
     auto acquire = [&]() {
       const uint32_t s = g % C::kStages;
       if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
@@ -126,24 +134,46 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
         continue;
       }
       const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
-      const int box = p.box_rows;
+      const int box = p.box_rows;  // 16, 32 or 64: lane i < 64 / box looks up box i of a tile
       const int last_box = (end - 1) / box * box;
+      auto box_row = [&](int k, int i) { return min(start + k * C::kTile + i * box, last_box); };
+      auto lookup = [&](int k) {
+        return lane < C::kTile / box ? __ldg(table + box_row(k, lane) / p.block_size) : 0;
+      };
+      int blk_next = lookup(0);
       for (int k = 0; k < ntiles; ++k) {
+        const int blk_lane = blk_next;
+        if (k + 1 < ntiles) blk_next = lookup(k + 1);
         const uint32_t s = acquire();
         KVPOOL_MLA_PHASE(0);
         if (lane == 0) {
           meta[s] = cur;
           detail::MbarArriveExpectTx(full + 8 * s, C::kTile * kMlaKDim * 2);
-          const uint32_t dst = base + s * C::kStageBytes;
-          for (int h = 0; h < C::kTile; h += box) {
-            const int t = min(start + k * C::kTile + h, last_box);
-            const int blk = __ldg(table + t / p.block_size);
+        }
+#pragma unroll
+        for (int i = 0; i < C::kTile / 16; ++i) {
+          const int blk = __shfl_sync(0xffffffffu, blk_lane, i);
+          if (lane == 0 && i < C::kTile / box) {
+            const int t = box_row(k, i);
+            const uint32_t dst = base + s * C::kStageBytes + i * box * 128;
 #pragma unroll
             for (int j = 0; j < C::kSlabs; ++j) {
-              detail::TmaLoad3D(dst + j * C::kSlabBytes + h * 128, &p.kv_map, 64 * j,
-                                t % p.block_size, blk, full + 8 * s);
+              detail::TmaLoad3D(dst + j * C::kSlabBytes, &p.kv_map, 64 * j, t % p.block_size, blk,
+                                full + 8 * s);
             }
           }
+        }
+        if (k == 0) {
+          if (nq > 0) detail::MbarWait(q_empty, (nq - 1) & 1);
+          if (lane == 0) {
+            detail::MbarArriveExpectTx(q_full, C::kHeads * kMlaKDim * 2);
+#pragma unroll
+            for (int j = 0; j < C::kSlabs; ++j) {
+              detail::TmaLoad3D(base + C::kQOffset + j * C::kSlabBytes, &p.q_map, 64 * j,
+                                wi.y * C::kHeads, b, q_full);
+            }
+          }
+          ++nq;
         }
         __syncwarp();
         KVPOOL_MLA_PHASE(1);
@@ -169,7 +199,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
   constexpr int kBar = 1;
   constexpr uint32_t kSbo = 1024;  // 8 rows of 128 bytes
 
-  uint32_t g = 0;
+  uint32_t g = 0, nq = 0;
   while (true) {
     const uint32_t s0 = g % C::kStages;
     detail::MbarWait(full + 8 * s0, (g / C::kStages) & 1);
@@ -183,18 +213,11 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     const int ntiles = (end - start + C::kTile - 1) / C::kTile;
     const int head_base = wi.y * C::kHeads;
 
-    // The query of these 64 heads into nine swizzled slabs. The previous item's readers passed
-    // its last P barrier before this point.
+    // The query of these 64 heads, copied by the producer into nine swizzled slabs. The
+    // barrier keeps the previous item's readers of the row sums ahead of this item's writers.
     if (ntiles > 0) {
-      const uint4* qg = reinterpret_cast<const uint4*>(
-          static_cast<const uint16_t*>(p.q) + (size_t{1} * b * p.num_heads + head_base) * kMlaKDim);
-      constexpr int kPieces = C::kHeads * kMlaKDim / 8;  // 16-byte pieces
-      for (int i = threadIdx.x; i < kPieces; i += C::kConsumerThreads) {
-        const int head = i / (kMlaKDim / 8), c = i % (kMlaKDim / 8);
-        *reinterpret_cast<uint4*>(smem + C::kQOffset + (c / 8) * C::kSlabBytes +
-                                  Swz128(head, c % 8)) = __ldg(qg + i);
-      }
-      detail::FenceProxyAsync();  // generic writes, read by wgmma (the async proxy)
+      detail::MbarWait(q_full, nq & 1);
+      ++nq;
     }
     detail::NamedBarrier(kBar, C::kConsumerThreads);
     KVPOOL_MLA_PHASE(1);
@@ -247,6 +270,10 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       start_scores(k, g);
       detail::WgmmaWait<0>();
       detail::WgmmaFenceOperands(sc);
+      if (k == ntiles - 1) {  // the query's last reader in this warp
+        __syncwarp();
+        if (lane == 0) detail::MbarArrive(q_empty);
+      }
       KVPOOL_MLA_PHASE(4);
 
       // 2. Scale and mask; row maxima of this group, then of the tile (both groups).

@@ -76,7 +76,7 @@ using kvpool::kernels::MlaDecodeShape;
   } while (0)
 
 const char* const kConsumerPhases[13] = {
-    "wait for an item's first stage", "query into shared memory + barrier",
+    "wait for an item's first stage", "wait for the query + barrier",
     "wait for the tile's stage",      "S: issue 36 wgmma (m64n32k16)",
     "S: wait",                        "scale, mask, row max",
     "barrier: maxima",                "alpha, P into shared memory",
