@@ -971,10 +971,12 @@ KernelStatus RunMlaDecode(const MlaDecodePlan& plan, const void* q, const void* 
   if (tma) {
     p.box_rows = p.block_size % 32 == 0 ? 32 : 16;
     if (plan.heads_per_block == 64 && p.block_size % 64 == 0) p.box_rows = 64;
-    tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16) &&
-          (plan.heads_per_block != 64 || EncodeQMap(p, plan.q_type == DType::kBF16));
+    tma = EncodeKvMap(p, eb, plan.kv_type == DType::kBF16);
     if (!tma) {
       return KernelStatus::Refused("RunMlaDecode: the copy engine refused the cache's tensor map");
+    }
+    if (plan.heads_per_block == 64 && !EncodeQMap(p, plan.q_type == DType::kBF16)) {
+      return KernelStatus::Refused("RunMlaDecode: the copy engine refused the query's tensor map");
     }
   }
   cudaError_t e = cudaSuccess;

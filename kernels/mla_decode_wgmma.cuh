@@ -9,9 +9,10 @@
 //    it hands its registers to the consumers, 232 per thread). The producer takes work items
 //    (sequence, 64 heads, tokens [start, end)) from the plan's counter and streams each 64-token
 //    tile into one of two 72 KiB stages with tensor copies: nine [64 rows][64 values] column
-//    slabs per stage, 128-byte swizzled, which is wgmma's canonical operand layout.
+//    slabs per stage, 128-byte swizzled, which is wgmma's canonical operand layout. It copies
+//    each item's query the same way, into nine slabs of its own.
 //  - Scores: warpgroup g computes S = Q K^T for the 64 heads (M) and tokens 32g .. 32g + 31 of
-//    the tile (N = 32), K = 576 in 36 steps; Q lives in shared memory as nine swizzled slabs.
+//    the tile (N = 32), K = 576 in 36 steps.
 //  - Softmax: each warpgroup's row maxima go to shared memory; after a barrier of both groups
 //    each knows the tile's maxima (identical in both), writes its probabilities (16-bit) into
 //    the shared P tile [64 heads][64 tokens], and after a second barrier both compute
