@@ -49,9 +49,10 @@ struct MlaWgConfig {
   static constexpr int kMaxOffset = kPOffset + kSlabBytes;         // [2 groups][64 heads] floats
   static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;
   static constexpr int kMetaOffset = kSumOffset + 2 * 64 * 4;
-  static constexpr int kBarOffset = kMetaOffset + 16;  // full[kStages], empty[kStages], q full,
-                                                       // q empty
-  static constexpr int kSmemBytes = kBarOffset + 16 * kStages + 16 + 1024;  // + alignment slack
+  // Barriers: full[kStages], empty[kStages], q full, q empty.
+  static constexpr int kBarOffset = kMetaOffset + 16;
+  static constexpr int kBarBytes = 8 * (2 * kStages + 2);
+  static constexpr int kSmemBytes = kBarOffset + kBarBytes + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 

@@ -35,10 +35,10 @@ __device__ __forceinline__ void MlaPhaseMark(int i) {
   using C = kvpool::kernels::MlaWgConfig;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - kvpool::kernels::detail::SmemAddr(smem_raw) % 1024) % 1024);
-  auto* acc = reinterpret_cast<unsigned long long(*)[kPhaseSlots]>(smem + C::kBarOffset +
-                                                                    16 * C::kStages);
+  auto* acc =
+      reinterpret_cast<unsigned long long(*)[kPhaseSlots]>(smem + C::kBarOffset + C::kBarBytes);
   auto* last = reinterpret_cast<long long*>(acc + 3);
-  constexpr int kUsed = C::kBarOffset + 16 * C::kStages + (3 * kPhaseSlots + 3) * 8;
+  constexpr int kUsed = C::kBarOffset + C::kBarBytes + (3 * kPhaseSlots + 3) * 8;
   static_assert(kUsed <= C::kSmemBytes, "the sums fit in the slack");
   if (smem + kUsed > smem_raw + C::kSmemBytes) return;  // the alignment took the slack
   const int wg = threadIdx.x / 128;
