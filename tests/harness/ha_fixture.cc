@@ -62,6 +62,7 @@ void HaFixture::StartPool(const HaPlacement& placement, absl::Duration lease) {
   for (int i = 0; i < kMasters; ++i) ASSERT_NO_FATAL_FAILURE(StartMasterAt(i));
   master_list_ = absl::StrJoin(addresses_, ",");
   ASSERT_GE(WaitForLeader(absl::Seconds(30)), 0);
+  ASSERT_TRUE(WaitForAllToNameLeader(absl::Seconds(10))) << "the standbys never named the leader";
   for (const Host& host : placement_.segments) {
     absl::StatusOr<SegmentProcess> segment =
         StartSegment(master_list_, "64MiB", placement_.segment_flags, host);
@@ -139,6 +140,20 @@ int HaFixture::WaitForLeader(absl::Duration timeout, int other_than) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return -1;
+}
+
+bool HaFixture::WaitForAllToNameLeader(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::vector<Role> roles;
+    for (int i = 0; i < kMasters; ++i) roles.push_back(RoleOf(i));
+    auto names_first = [&](const Role& role) {
+      return !role.leader.empty() && role.leader == roles[0].leader && role.term == roles[0].term;
+    };
+    if (std::all_of(roles.begin(), roles.end(), names_first)) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
 }
 
 void HaFixture::CutFromEtcd(int i) {

@@ -79,6 +79,9 @@ class HaFixture : public ::testing::Test {
   // The index of the master that says it leads (-1 if none within `timeout`); a failure if
   // two do at once (see TwoLeaders).
   int WaitForLeader(absl::Duration timeout, int other_than = -1);
+  // Whether, within `timeout`, every master names the same leader (a standby learns it from
+  // etcd a moment after the election, and says "standby" with no leader until then).
+  bool WaitForAllToNameLeader(absl::Duration timeout);
   // Cuts master `i` from etcd alone (clients and segments still reach it).
   virtual void CutFromEtcd(int i);
 
