@@ -70,6 +70,47 @@ struct MlaParams {
   float v_scale;
 };
 
+// The producer warp's walk over its block's work items, shared by both MLA kernels: it takes
+// items from the plan (the counter, or the chain of a span plan), hands each item that has tokens
+// to `copy_item(cur, item, end, tiles, take_stage)` (item: seq, unit, start, end as planned; `end`
+// clamped to the sequence's length; `tiles` of kTile tokens), gives an item of no tokens one
+// stage without bytes, and ends the consumers with a stage naming item -1. `take_stage()`
+// returns the next stage of the ring once every consumer warp has released it. Each stage's
+// `meta` entry names its item; its `full` mbarrier expects kArrivals arrivals from the producer
+// (with the bytes, for a stage it copies).
+template <int kStages, int kArrivals, int kTile, typename CopyItem>
+__device__ __forceinline__ void MlaProduceItems(const MlaParams& p, uint32_t full, uint32_t empty,
+                                                int* meta, int lane, CopyItem&& copy_item) {
+  uint32_t g = 0;  // stages taken so far
+  auto take_stage = [&]() {
+    const uint32_t s = g % kStages;
+    if (g >= kStages) detail::MbarWait(empty + 8 * s, (g / kStages - 1) & 1);
+    ++g;
+    return s;
+  };
+  auto mark_stage = [&](uint32_t s, int item) {
+    if (lane == 0) {
+      meta[s] = item;
+      detail::MbarArriveCount(full + 8 * s, kArrivals);
+    }
+  };
+  int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
+  while (item >= 0 && item < p.total_items) {
+    const int cur = item;
+    item = detail::WarpNextItem(p.ws, p.chained, cur, lane);  // overlaps the copies
+    const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
+    const int end = max(wi.z, min(p.seq_lens[wi.x], wi.w));
+    const int tiles = (end - wi.z + kTile - 1) / kTile;
+    if (tiles == 0) {
+      mark_stage(take_stage(), cur);
+    } else {
+      copy_item(cur, wi, end, tiles, take_stage);
+    }
+  }
+  if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
+  mark_stage(take_stage(), -1);
+}
+
 }  // namespace
 }  // namespace kvpool::kernels
 
@@ -161,46 +202,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp == kConsumerWarps) {
-    // Producer: takes work items, and streams each one's rows, 32 tokens per stage (lane j
-    // copies the row of token 32k + j, clamped to the last token), an even number of stages
-    // per item. Every stage names its item; an item of no tokens gets one stage without bytes,
-    // and a stage naming item -1 ends the consumers.
-    uint32_t g = 0;
-    auto acquire = [&]() {
-      const uint32_t s = g % kS;
-      if (g >= kS) detail::MbarWait(empty + 8 * s, (g / kS - 1) & 1);
-      return s;
-    };
-    int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
-    while (true) {
-      if (item < 0 || item >= p.total_items) {
-        if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
-        const uint32_t s = acquire();
-        if (lane == 0) {
-          meta[s] = -1;
-          detail::MbarArriveCount(full + 8 * s, kFullArrivals);
-        }
-        break;
-      }
-      const int cur = item;
-      const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);  // overlaps the copies
-      const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
-      const int b = wi.x;
-      item = next;
-      const int len = p.seq_lens[b];
+    // Producer: streams each item's rows, 32 tokens per stage (lane j copies the row of token
+    // 32k + j, clamped to the last token), an even number of stages per item.
+    auto copy_item = [&](int cur, int4 wi, int end, int tiles, auto&& take_stage) {
       const int start = wi.z;
-      const int end = max(start, min(len, wi.w));
-      const int nst = 2 * ((end - start + kTileTokens - 1) / kTileTokens);
-      if (nst == 0) {
-        const uint32_t s = acquire();
-        if (lane == 0) {
-          meta[s] = cur;
-          detail::MbarArriveCount(full + 8 * s, kFullArrivals);
-        }
-        ++g;
-        continue;
-      }
-      const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
+      const int nst = 2 * tiles;
+      const int32_t* table = p.block_tables + size_t{1} * wi.x * p.max_blocks_per_seq;
       if constexpr (kTma) {
         // Lane 0 copies each stage as (32 / box_rows) x 9 boxes of [box_rows][64 elements].
         // Boxes past the sequence's last token repeat the last valid box (the consumers zero
@@ -208,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int box = p.box_rows;
         const int last_box = (end - 1) / box * box;
         for (int k = 0; k < nst; ++k) {
-          const uint32_t s = acquire();
+          const uint32_t s = take_stage();
           if (lane == 0) {
             meta[s] = cur;
             detail::MbarArriveExpectTx(full + 8 * s, kStageTokens * C::kRowBytes);
@@ -224,13 +231,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
           __syncwarp();
-          ++g;
         }
       } else {
         auto token = [&](int k) { return min(start + k * kStageTokens + lane, end - 1); };
         int blk = __ldg(table + token(0) / p.block_size);
         for (int k = 0; k < nst; ++k) {
-          const uint32_t s = acquire();
+          const uint32_t s = take_stage();
           const int tok = token(k);
           const uint8_t* src =
               p.kv + blk * p.block_stride + int64_t{tok % p.block_size} * C::kRowBytes;
@@ -242,11 +248,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           __syncwarp();
           detail::BulkCopyG2S(base + s * C::kStageBytes + lane * C::kPitch, src, C::kRowBytes,
                               full + 8 * s);
-          ++g;
           if (k + 1 < nst) blk = __ldg(table + token(k + 1) / p.block_size);
         }
       }
-    }
+    };
+    MlaProduceItems<kS, kFullArrivals, kTileTokens>(p, full, empty, meta, lane, copy_item);
     return;
   }
 

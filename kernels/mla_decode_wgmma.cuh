@@ -93,48 +93,17 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
     detail::WarpgroupRegDealloc<40>();
     if (warp != C::kConsumerWarps) return;
     KVPOOL_MLA_PHASE(-1);
-    // Producer: one stage per 64-token tile; an item of no tokens gets one stage without bytes;
-    // a stage naming item -1 ends the consumers. Boxes past the last token repeat the last valid
-    // box (the consumers zero those rows), so no table entry beyond the sequence is read. After
-    // an item's first tile it copies the item's query (nine slabs, like a stage) once the
-    // consumers are done with the previous one. A tile's block-table entries are read before
-    // its stage is free, so their latency hides behind that wait.
-    uint32_t g = 0, nq = 0;
-    auto acquire = [&]() {
-      const uint32_t s = g % C::kStages;
-      if (g >= C::kStages) detail::MbarWait(empty + 8 * s, (g / C::kStages - 1) & 1);
-      return s;
-    };
-    int item = detail::WarpFirstItem(p.ws.counter, p.chained, lane);
-    while (true) {
-      if (item < 0 || item >= p.total_items) {
-        if (lane == 0 && !p.chained) detail::FinishWorkCounter(p.ws.counter);
-        const uint32_t s = acquire();
-        if (lane == 0) {
-          meta[s] = -1;
-          detail::MbarArriveCount(full + 8 * s, 1);
-        }
-        KVPOOL_MLA_PHASE(-2);
-        break;
-      }
-      const int cur = item;
-      const int next = detail::WarpNextItem(p.ws, p.chained, cur, lane);
-      const int4 wi = *reinterpret_cast<const int4*>(p.ws.items + cur);  // seq, unit, start, end
-      item = next;
+    // Producer, within MlaProduceItems' walk over the items: one stage per 64-token tile. Boxes
+    // past the last token repeat the last valid box (the consumers zero those rows), so no table
+    // entry beyond the sequence is read. After an item's first tile it copies the item's query
+    // (nine slabs, like a stage) once the consumers are done with the previous one. A tile's
+    // block-table entries are read before its stage is free, so their latency hides behind
+    // that wait.
+    uint32_t nq = 0;  // queries copied so far
+    auto copy_item = [&](int cur, int4 wi, int end, int ntiles, auto&& take_stage) {
       KVPOOL_MLA_PHASE(2);
       const int b = wi.x;
       const int start = wi.z;
-      const int end = max(start, min(p.seq_lens[b], wi.w));
-      const int ntiles = (end - start + C::kTile - 1) / C::kTile;
-      if (ntiles == 0) {
-        const uint32_t s = acquire();
-        if (lane == 0) {
-          meta[s] = cur;
-          detail::MbarArriveCount(full + 8 * s, 1);
-        }
-        ++g;
-        continue;
-      }
       const int32_t* table = p.block_tables + size_t{1} * b * p.max_blocks_per_seq;
       const int box = p.box_rows;  // 16, 32 or 64: lane i < 64 / box looks up box i of a tile
       const int last_box = (end - 1) / box * box;
@@ -146,7 +115,7 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
       for (int k = 0; k < ntiles; ++k) {
         const int blk_lane = blk_next;
         if (k + 1 < ntiles) blk_next = lookup(k + 1);
-        const uint32_t s = acquire();
+        const uint32_t s = take_stage();
         KVPOOL_MLA_PHASE(0);
         if (lane == 0) {
           meta[s] = cur;
@@ -179,9 +148,10 @@ __global__ void __launch_bounds__(MlaWgConfig::kThreads, 1)
         }
         __syncwarp();
         KVPOOL_MLA_PHASE(1);
-        ++g;
       }
-    }
+    };
+    MlaProduceItems<C::kStages, 1, C::kTile>(p, full, empty, meta, lane, copy_item);
+    KVPOOL_MLA_PHASE(-2);
     return;
   }
 
