@@ -10,6 +10,7 @@
 // can make: a segment cut from every master but not from clients.
 
 #include <cstdio>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -78,9 +79,22 @@ class NetnsHaTest : public HaFixture {
     ASSERT_NO_FATAL_FAILURE(StartPool(placement, LeaseOr(kLease)));
   }
 
+  // The hosts outlive the test: a cut made here is healed when the test ends, so that the
+  // next test's masters all reach etcd.
+  void TearDown() override {
+    HaFixture::TearDown();
+    for (int i : cut_from_etcd_) {
+      EXPECT_TRUE(network->Heal("etcd", absl::StrCat("m", i)).ok());
+    }
+  }
+
   void CutFromEtcd(int i) override {
     ASSERT_TRUE(network->Cut("etcd", absl::StrCat("m", i)).ok());
+    cut_from_etcd_.push_back(i);
   }
+
+ private:
+  std::vector<int> cut_from_etcd_;
 };
 
 TEST_F(NetnsHaTest, ServersListenOnTheirHostsAddresses) {
