@@ -4,7 +4,7 @@
 # Logs and tables go to $OUT (or ./gpu-out).
 #
 #   bash kernels/run_on_gpu.sh [check] [bench] [bench-copy] [bench-attn] [sdpa] [bench-mla]
-#                              [bench-gqa] [ncu] [ncu-split] [ncu-source] [phases]
+#                              [bench-gqa] [ncu] [ncu-split] [ncu-source] [phases] [ab]
 #   (default: check bench sdpa; bench-copy: the block copies only; bench-attn: the read ceiling
 #   and the attention matrix only;
 #   bench-mla / bench-gqa: the read ceiling and the MLA / GQA rows)
@@ -13,6 +13,12 @@
 # that fall furthest below the ceiling, whose times the bench only reports together.
 # phases: cycles per phase of the wgmma MLA kernel's loops and the rates of its wgmma shapes
 # (kvpool-mla-phases; MLA_PHASE_ROWS="heads:batch:len ..." picks the rows).
+# ab: the working tree's kernels against a base tree's, in one call: KVPOOL_AB_BASE names a
+# folder holding the base's kernels/ (made beside the checkout, e.g.
+#   mkdir -p .devcarry/base && git archive main kernels | tar -x -C .devcarry/base
+# with .devcarry carried), built in the background while this tree builds and checks; then
+# kvpool-kernels-bench --sections ${KVPOOL_AB_SECTIONS:-mla} (rows from KVPOOL_BENCH_ROWS) runs
+# base, new, base, new (KVPOOL_AB_RUNS pairs, default 2) into ab.md.
 # KVPOOL_CHECKS=copy (or gqa, mla, a comma list) runs only those families of checks.
 # KVPOOL_BENCH_ROWS="matrix,spans" keeps only the GQA and MLA rows whose label holds one of
 # these.
@@ -29,6 +35,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 generator=(-G Ninja)
 command -v ninja >/dev/null || generator=()
 start=$(date +%s)
+base_build=/tmp/kvpool-kernels-base
+if [[ " $steps " == *" ab "* ]]; then
+  if [ ! -f "${KVPOOL_AB_BASE:-}/kernels/CMakeLists.txt" ]; then
+    echo "run_on_gpu: ab needs KVPOOL_AB_BASE, a folder holding the base's kernels/" \
+      "(KVPOOL_AB_BASE=${KVPOOL_AB_BASE:-unset})"
+    exit 2
+  fi
+  { cmake -S "$KVPOOL_AB_BASE/kernels" -B "$base_build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build "$base_build" -j "$(nproc)"; } >"$out/build_base.log" 2>&1 &
+  base_pid=$!
+fi
 if ! { cmake -S "$root/kernels" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release &&
        cmake --build "$build" -j "$(nproc)"; } >"$out/build.log" 2>&1; then
   tail -n 60 "$out/build.log"
@@ -68,6 +85,23 @@ fi
 if [[ " $steps " == *" phases "* ]]; then
   timeout 200 "$build/kvpool-mla-phases" ${MLA_PHASE_ROWS:-} 2>&1 | tee "$out/mla_phases.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $steps " == *" ab "* ]]; then
+  if ! wait "$base_pid"; then
+    tail -n 30 "$out/build_base.log"
+    echo "run_on_gpu: the base build failed"
+    rc=1
+  else
+    for i in $(seq "${KVPOOL_AB_RUNS:-2}"); do
+      for v in base new; do
+        bin=$build/kvpool-kernels-bench
+        [ $v = base ] && bin=$base_build/kvpool-kernels-bench
+        echo "=== $v, run $i"
+        timeout 200 "$bin" --sections "${KVPOOL_AB_SECTIONS:-mla}" \
+          ${KVPOOL_BENCH_ROWS:+--rows "$KVPOOL_BENCH_ROWS"} || rc=1
+      done
+    done > >(tee "$out/ab.md") 2>&1
+  fi
 fi
 if [[ " $steps " == *" sdpa "* ]] && [ -f "$out/bench.csv" ]; then
   timeout 300 python3 "$root/kernels/bench_sdpa.py" "$out/bench.csv" 2>&1 | tee "$out/sdpa.md"
