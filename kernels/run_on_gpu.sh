@@ -42,8 +42,8 @@ if [[ " $steps " == *" ab "* ]]; then
       "(KVPOOL_AB_BASE=${KVPOOL_AB_BASE:-unset})"
     exit 2
   fi
-  { cmake -S "$KVPOOL_AB_BASE/kernels" -B "$base_build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release &&
-    cmake --build "$base_build" -j "$(nproc)"; } >"$out/build_base.log" 2>&1 &
+  { cmake -S "$KVPOOL_AB_BASE/kernels" -B "$base_build" "${generator[@]}" \
+      -DCMAKE_BUILD_TYPE=Release && cmake --build "$base_build" -j "$(nproc)"; } >"$out/build_base.log" 2>&1 &
   base_pid=$!
 fi
 if ! { cmake -S "$root/kernels" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release &&
