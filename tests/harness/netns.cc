@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -145,6 +146,7 @@ absl::Status VirtualNetwork::Cut(const std::string& a, const std::string& b) {
       return cut;
     }
   }
+  cuts_.insert(std::minmax(a, b));
   return absl::OkStatus();
 }
 
@@ -154,6 +156,15 @@ absl::Status VirtualNetwork::Heal(const std::string& a, const std::string& b) {
         !healed.ok()) {
       return healed;
     }
+  }
+  cuts_.erase(std::minmax(a, b));
+  return absl::OkStatus();
+}
+
+absl::Status VirtualNetwork::HealAll() {
+  while (!cuts_.empty()) {
+    const auto [a, b] = *cuts_.begin();
+    if (absl::Status healed = Heal(a, b); !healed.ok()) return healed;
   }
   return absl::OkStatus();
 }

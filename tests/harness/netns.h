@@ -18,7 +18,9 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -45,9 +47,11 @@ class VirtualNetwork {
 
   // Drops every packet between hosts `a` and `b`, both ways (a blackhole route to the other's
   // address in each: established connections stall, new ones fail at once); "" is the
-  // calling process. Heal undoes it.
+  // calling process. Heal undoes it; HealAll undoes every cut still in place (the hosts
+  // outlive a test: its fixture calls this when the test ends, however it ended).
   absl::Status Cut(const std::string& a, const std::string& b);
   absl::Status Heal(const std::string& a, const std::string& b);
+  absl::Status HealAll();
 
   // Runs `ip args...` in the namespace of host `name` ("": the calling process's).
   absl::Status Ip(const std::string& name, const std::vector<std::string>& args) const;
@@ -58,6 +62,7 @@ class VirtualNetwork {
 
   std::string own_address_;
   std::map<std::string, Host> hosts_;
+  std::set<std::pair<std::string, std::string>> cuts_;  // each pair in name order
   // The processes holding the hosts' namespaces.
   std::vector<std::unique_ptr<Process>> holders_;
 };
