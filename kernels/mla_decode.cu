@@ -708,42 +708,48 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return fn;
 }
 
+// A 3-D tensor map of `data` (dims and box innermost first, strides in bytes of the outer two),
+// elements copied whole (no interleave, no out-of-bounds fill), 256-byte L2 promotion. False if
+// the encoder is absent or refuses the description.
+bool EncodeTensorMap3D(CUtensorMap* map, CUtensorMapDataType type, const void* data,
+                       const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
+                       const cuuint32_t (&box)[3], CUtensorMapSwizzle swizzle) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint32_t unit[3] = {1, 1, 1};
+  return encode(map, type, 3, const_cast<void*>(data), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The copy engine's type of 16-bit elements.
+CUtensorMapDataType Tensor16(bool bf16) {
+  return bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
 // Describes the cache to the copy engine as [blocks][block_size][576] elements, boxes of
 // [box_rows][64]. The block count is not known here and serves only bounds checks (the kernel
 // never asks for a block outside the block tables), so it is set large.
 bool EncodeKvMap(MlaParams& p, int eb, bool bf16) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {kMlaKDim, static_cast<cuuint64_t>(p.block_size), cuuint64_t{1} << 24};
   const cuuint64_t strides[2] = {cuuint64_t{kMlaKDim} * eb,
                                  static_cast<cuuint64_t>(p.block_stride)};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(p.box_rows), 1};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const CUtensorMapDataType type = eb == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                   : bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return encode(&p.kv_map, type, 3, const_cast<uint8_t*>(p.kv), dims, strides, box, unit,
-                CU_TENSOR_MAP_INTERLEAVE_NONE,
-                eb == 1 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeTensorMap3D(&p.kv_map, eb == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : Tensor16(bf16),
+                           p.kv, dims, strides, box,
+                           eb == 1 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // Describes the query to the copy engine as [batch][num_heads][576] 16-bit elements, boxes of
 // [64 heads][64], 128-byte swizzled: the wgmma kernel's query slabs.
 bool EncodeQMap(MlaParams& p, bool bf16) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {kMlaKDim, static_cast<cuuint64_t>(p.num_heads),
                               static_cast<cuuint64_t>(p.batch)};
   const cuuint64_t strides[2] = {cuuint64_t{kMlaKDim} * 2,
                                  cuuint64_t{kMlaKDim} * 2 * static_cast<cuuint64_t>(p.num_heads)};
   const cuuint32_t box[3] = {64, 64, 1};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  return encode(&p.q_map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                3, const_cast<void*>(p.q), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeTensorMap3D(&p.q_map, Tensor16(bf16), p.q, dims, strides, box,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <bool kV>
