@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kvpool/v1/master.grpc.pb.h"
 #include "proto/channel.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/values.h"
 
 namespace kvpool::testing {
@@ -143,17 +144,16 @@ int HaFixture::WaitForLeader(absl::Duration timeout, int other_than) {
 }
 
 bool HaFixture::WaitForAllToNameLeader(absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::vector<Role> roles;
-    for (int i = 0; i < kMasters; ++i) roles.push_back(RoleOf(i));
-    auto names_first = [&](const Role& role) {
-      return !role.leader.empty() && role.leader == roles[0].leader && role.term == roles[0].term;
-    };
-    if (std::all_of(roles.begin(), roles.end(), names_first)) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
+  return Eventually(
+      [&] {
+        std::vector<Role> roles;
+        for (int i = 0; i < kMasters; ++i) roles.push_back(RoleOf(i));
+        return std::all_of(roles.begin(), roles.end(), [&](const Role& role) {
+          return !role.leader.empty() && role.leader == roles[0].leader &&
+                 role.term == roles[0].term;
+        });
+      },
+      timeout);
 }
 
 void HaFixture::CutFromEtcd(int i) {
