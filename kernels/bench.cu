@@ -29,18 +29,10 @@
 #include "kernels/gqa_decode.cuh"
 #include "kernels/mla_decode.cuh"
 #include "kernels/reference.h"
+#include "kernels/testing/cuda_ok.h"
 
 namespace kvpool::kernels {
 namespace {
-
-#define CUDA_OK(expr)                                                                             \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Options {
   std::string csv;

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/testing/cuda_ok.h"
+
 #define KVPOOL_MLA_PHASES 1
 
 namespace {
@@ -66,15 +68,6 @@ using kvpool::kernels::kMlaVDim;
 using kvpool::kernels::MlaDecodePlan;
 using kvpool::kernels::MlaDecodeShape;
 
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
 const char* const kConsumerPhases[13] = {
     "wait for an item's first stage", "wait for the query + barrier",
     "wait for the tile's stage",      "S: issue 36 wgmma (m64n32k16)",
@@ -101,18 +94,18 @@ void RunRow(int heads, int batch, int len) {
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   void *q, *kv, *o, *ws;
   int32_t *dtable, *dlens;
-  CHECK_CUDA(cudaMalloc(&q, hq.size() * 2));
-  CHECK_CUDA(cudaMalloc(&kv, hkv.size() * 2));
-  CHECK_CUDA(cudaMalloc(&o, size_t{1} * batch * heads * kMlaVDim * 2));
-  CHECK_CUDA(cudaMalloc(&dtable, table.size() * 4));
-  CHECK_CUDA(cudaMalloc(&dlens, lens.size() * 4));
-  CHECK_CUDA(cudaMemcpy(q, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(kv, hkv.data(), hkv.size() * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&q, hq.size() * 2));
+  CUDA_OK(cudaMalloc(&kv, hkv.size() * 2));
+  CUDA_OK(cudaMalloc(&o, size_t{1} * batch * heads * kMlaVDim * 2));
+  CUDA_OK(cudaMalloc(&dtable, table.size() * 4));
+  CUDA_OK(cudaMalloc(&dlens, lens.size() * 4));
+  CUDA_OK(cudaMemcpy(q, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(kv, hkv.data(), hkv.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
   const size_t ws_bytes =
       kvpool::kernels::MlaDecodeWorkspaceBytes(shape, DType::kBF16, DType::kBF16, len);
-  CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  CUDA_OK(cudaMalloc(&ws, ws_bytes));
   MlaDecodePlan plan;
   const auto st = kvpool::kernels::PlanMlaDecode(shape, DType::kBF16, DType::kBF16, lens.data(),
                                                  len, ws, ws_bytes, nullptr, &plan);
@@ -130,23 +123,23 @@ void RunRow(int heads, int batch, int len) {
     }
   };
   for (int i = 0; i < 3; ++i) run();
-  CHECK_CUDA(cudaDeviceSynchronize());
+  CUDA_OK(cudaDeviceSynchronize());
   unsigned long long zero[3][kPhaseSlots] = {};
-  CHECK_CUDA(cudaMemcpyToSymbol(g_phases, zero, sizeof(zero)));
+  CUDA_OK(cudaMemcpyToSymbol(g_phases, zero, sizeof(zero)));
   constexpr int kReps = 10;
   cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  CHECK_CUDA(cudaEventRecord(e0));
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  CUDA_OK(cudaEventRecord(e0));
   for (int i = 0; i < kReps; ++i) run();
-  CHECK_CUDA(cudaEventRecord(e1));
-  CHECK_CUDA(cudaEventSynchronize(e1));
+  CUDA_OK(cudaEventRecord(e1));
+  CUDA_OK(cudaEventSynchronize(e1));
   float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
   unsigned long long ph[3][kPhaseSlots];
-  CHECK_CUDA(cudaMemcpyFromSymbol(ph, g_phases, sizeof(ph)));
+  CUDA_OK(cudaMemcpyFromSymbol(ph, g_phases, sizeof(ph)));
   int sm_khz = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, 0));
   std::printf("\n### %d heads, %d x %d: %.1f us per launch (with the marks), %zu items, grid %d\n",
               heads, batch, len, 1000.0 * ms / kReps, plan.split.items.size(), plan.split.grid);
   std::printf("tiles per warpgroup leader: %llu / %llu (producer %llu); items %llu\n", ph[0][15],
@@ -253,17 +246,17 @@ __global__ void __launch_bounds__(256, 1) WgmmaRateKernel(int iters, long long* 
 
 void WgmmaRates() {
   int sms = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   constexpr int kSmem = 160 * 1024;
   void (*kernels[3])(int, long long*, float*) = {WgmmaRateKernel<0>, WgmmaRateKernel<1>,
                                                   WgmmaRateKernel<2>};
   for (auto k : kernels) {
-    CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   }
   long long* cycles;
   float* sink;
-  CHECK_CUDA(cudaMalloc(&cycles, sms * 2 * sizeof(long long)));
-  CHECK_CUDA(cudaMalloc(&sink, 4));
+  CUDA_OK(cudaMalloc(&cycles, sms * 2 * sizeof(long long)));
+  CUDA_OK(cudaMalloc(&sink, 4));
   std::printf("\n### wgmma chains, one block per SM (%d SMs), cycles per instruction\n", sms);
   std::printf("| shape | warpgroups | cycles per wgmma (per group) | FLOP per cycle per SM | "
               "shared bytes per cycle per SM |\n| --- | ---: | ---: | ---: | ---: |\n");
@@ -275,10 +268,10 @@ void WgmmaRates() {
   for (int mode = 0; mode < 3; ++mode) {
     for (int groups = 1; groups <= 2; ++groups) {
       kernels[mode]<<<sms, 128 * groups, kSmem>>>(kIters, cycles, sink);
-      CHECK_CUDA(cudaGetLastError());
-      CHECK_CUDA(cudaDeviceSynchronize());
+      CUDA_OK(cudaGetLastError());
+      CUDA_OK(cudaDeviceSynchronize());
       std::vector<long long> h(sms * 2);
-      CHECK_CUDA(cudaMemcpy(h.data(), cycles, h.size() * 8, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(h.data(), cycles, h.size() * 8, cudaMemcpyDeviceToHost));
       double sum = 0;
       for (int i = 0; i < sms; ++i) sum += h[i * 2];
       const double per = sum / sms / kIters / per_iter[mode];
